@@ -1,0 +1,91 @@
+"""Memory accounting of one emulated device.
+
+The bytes of a device tensor live in a host (CPU) storage. We count a storage against its
+device from the moment it is tracked until the storage itself dies: a weak reference on the
+storage's Python object fires then (torch keeps one Python object per StorageImpl alive as
+long as the StorageImpl lives, so views keep their base's bytes counted, as on a real device).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} bytes"
+
+
+class DeviceMemory:
+    """Allocated/peak bytes of one device, with a capacity and a CUDA-like OOM error."""
+
+    def __init__(self, device_name: str, capacity: int):
+        self.device_name = device_name
+        self.capacity = capacity
+        self.allocated = 0
+        self.peak = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self._live: dict[int, tuple[weakref.ref, int]] = {}
+        # Weak-reference callbacks run on whichever thread drops the last reference
+        # (autograd's device thread included), so every update takes the lock.
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> None:
+        """Raise torch.OutOfMemoryError if nbytes more would not fit."""
+        if self.allocated + nbytes > self.capacity:
+            free = self.capacity - self.allocated
+            raise torch.OutOfMemoryError(
+                f"{self.device_name} out of memory. Tried to allocate {format_bytes(nbytes)}. "
+                f"{self.device_name} has a total capacity of {format_bytes(self.capacity)}, of which "
+                f"{format_bytes(self.allocated)} is already allocated and {format_bytes(free)} is free. "
+                f"Free tensors you no longer need (drop every reference to them), use a smaller batch, "
+                f"or raise the capacity with NEURON_DEVICE_MEMORY.")
+
+    def is_tracked(self, storage: torch.UntypedStorage) -> bool:
+        return storage._cdata in self._live
+
+    def track(self, storage: torch.UntypedStorage) -> None:
+        """Count storage against this device until it dies; raises OOM (and counts nothing)
+        if it does not fit. A storage already tracked is not counted twice."""
+        key = storage._cdata
+        if key in self._live:
+            return
+        nbytes = storage.nbytes()
+        with self._lock:
+            if key in self._live:
+                return
+            self.reserve(nbytes)
+            ref = weakref.ref(storage, lambda _ref, key=key: self._release(key))
+            self._live[key] = (ref, nbytes)
+            self.allocated += nbytes
+            self.num_allocs += 1
+            if self.allocated > self.peak:
+                self.peak = self.allocated
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self.allocated -= entry[1]
+                self.num_frees += 1
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.allocated
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "allocated_bytes.all.current": self.allocated,
+            "allocated_bytes.all.peak": self.peak,
+            "num_alloc_retries": 0,
+            "num_ooms": 0,
+            "allocation.all.allocated": self.num_allocs,
+            "allocation.all.freed": self.num_frees,
+            "allocation.all.current": len(self._live),
+            "capacity_bytes": self.capacity,
+        }

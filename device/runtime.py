@@ -1,0 +1,138 @@
+"""The emulated chip's runtime: devices, the in-order launch queue, transfers, the clock.
+
+Every kernel reaches a device through `Runtime.launch`; every copy across the host/device
+boundary (or between devices) through `Runtime.transfer`. Launches run in issue order on
+the calling thread; the queue is in-order by construction, so the device clock is the sum
+of what the cost model charges. Upper layers that hold work back (the adaptive engine)
+register a sync hook, which `synchronize` calls to drain it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from .config import DeviceConfig
+from .cost import CostModel
+from .errors import NeuronDeviceError
+from .memory import DeviceMemory
+
+# CUDA's default seed, so an unseeded run is reproducible the same way.
+DEFAULT_SEED = 67280421310721
+
+
+@dataclasses.dataclass
+class Counters:
+    """What one device has done since the last reset."""
+
+    launches: int = 0
+    kernel_ops: int = 0  # ops executed inside launches (a fused launch holds many)
+    transfers: int = 0
+    transfer_bytes: int = 0
+    device_time_us: float = 0.0
+    launch_overhead_us: float = 0.0  # the part of device_time_us spent on launch overhead
+
+
+class NeuronDevice:
+    """One logical device `neuron:N`: memory, generator, counters."""
+
+    def __init__(self, index: int, config: DeviceConfig):
+        self.index = index
+        self.name = f"neuron:{index}"
+        self.memory = DeviceMemory(self.name, config.capacity_bytes)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(DEFAULT_SEED)
+        self.initial_seed = DEFAULT_SEED
+        self.counters = Counters()
+
+    def manual_seed(self, seed: int) -> None:
+        seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+        self.generator.manual_seed(seed)
+        self.initial_seed = seed
+
+
+class Runtime:
+    def __init__(self, config: DeviceConfig | None = None):
+        self.config = config or DeviceConfig.from_env()
+        self.cost = CostModel(self.config)
+        self.devices = [NeuronDevice(i, self.config) for i in range(self.config.num_devices)]
+        self.current_index = 0
+        self._sync_hooks: list[Callable[[int | None], None]] = []
+        self._launch_lock = threading.Lock()
+
+    # -- devices -------------------------------------------------------------------------
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def check_index(self, index: int | None) -> int:
+        """The device index to use for `index` (None = current); raises on a bad index."""
+        if index is None or index == -1:
+            return self.current_index
+        if not 0 <= index < len(self.devices):
+            raise NeuronDeviceError(
+                f"Invalid device: neuron:{index}. The device index is out of range; it must be in "
+                f"[0, {len(self.devices)}) on this {self.config.profile.name} configuration "
+                f"(set NEURON_NUM_DEVICES or NEURON_LOGICAL_NC_CONFIG for more devices).")
+        return index
+
+    def device(self, index: int | None = None) -> NeuronDevice:
+        return self.devices[self.check_index(index)]
+
+    # -- launches and transfers ----------------------------------------------------------
+    def launch(self, index: int, op_costs_us: float, num_ops: int = 1) -> float:
+        """Account one kernel launch holding num_ops ops whose roofline time is op_costs_us.
+        Returns the launch's emulated device time."""
+        overhead = self.cost.launch_overhead_us
+        total = overhead + op_costs_us
+        c = self.devices[index].counters
+        with self._launch_lock:
+            c.launches += 1
+            c.kernel_ops += num_ops
+            c.device_time_us += total
+            c.launch_overhead_us += overhead
+        if self.config.spend_launch_overhead and overhead:
+            _spin_us(overhead)
+        return total
+
+    def transfer(self, index: int, nbytes: int) -> float:
+        """Account one copy between the host and device `index` (or between devices)."""
+        us = self.cost.transfer_us(nbytes)
+        c = self.devices[index].counters
+        with self._launch_lock:
+            c.transfers += 1
+            c.transfer_bytes += nbytes
+            c.device_time_us += us
+        return us
+
+    # -- synchronization -----------------------------------------------------------------
+    def add_sync_hook(self, hook: Callable[[int | None], None]) -> None:
+        """hook(index or None) runs all work held back for that device (None = all)."""
+        if hook not in self._sync_hooks:
+            self._sync_hooks.append(hook)
+
+    def remove_sync_hook(self, hook) -> None:
+        if hook in self._sync_hooks:
+            self._sync_hooks.remove(hook)
+
+    def synchronize(self, index: int | None = None) -> None:
+        if index is not None:
+            self.check_index(index)
+        for hook in list(self._sync_hooks):
+            hook(index)
+
+    def reset_counters(self) -> None:
+        with self._launch_lock:
+            for d in self.devices:
+                d.counters = Counters()
+                d.memory.reset_peak()
+
+
+def _spin_us(us: float) -> None:
+    # time.sleep cannot wait 15 us; spinning is what a host blocked on a launch does anyway.
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass

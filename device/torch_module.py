@@ -1,0 +1,177 @@
+"""The `torch.neuron` module, modelled on `torch.cuda` and TorchNeuron's module.
+
+Registered by `dispatch` as the PrivateUse1 device module. It speaks only to the runtime.
+Deliberately absent: `torch.neuron.device` (with it, `torch.load(map_location='neuron')`
+reaches `torch.UntypedStorage(n, device='neuron')`, which has no allocator and segfaults).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+
+import torch
+
+from .memory import format_bytes
+from .runtime import Runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronDeviceProperties:
+    name: str
+    profile: str
+    total_memory: int
+    neuron_cores: int
+    hbm_bandwidth_bytes_per_s: float
+    dense_bf16_flops: float
+    launch_overhead_us: float
+
+    def __repr__(self) -> str:
+        return (f"_NeuronDeviceProperties(name='{self.name}', profile='{self.profile}', "
+                f"total_memory={self.total_memory // 1024**2}MB, neuron_cores={self.neuron_cores})")
+
+
+def _device_index(runtime: Runtime, device) -> int:
+    """Accept None, an int, 'neuron', 'neuron:N' or a torch.device, like torch.cuda does."""
+    if device is None:
+        return runtime.current_index
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"Expected a neuron device, but got: {device}")
+        return runtime.check_index(device.index)
+    if isinstance(device, int):
+        return runtime.check_index(device)
+    raise TypeError(f"device must be an int, a str or a torch.device, not {type(device).__name__}")
+
+
+def build_module(runtime: Runtime) -> types.ModuleType:
+    """A fresh `torch.neuron` module bound to runtime."""
+    m = types.ModuleType("torch.neuron", "The emulated AWS Trainium device (adaptive-eager).")
+
+    def is_available() -> bool:
+        return True
+
+    def is_initialized() -> bool:
+        return True
+
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    def _lazy_init() -> None:
+        pass
+
+    def device_count() -> int:
+        return runtime.device_count
+
+    def current_device() -> int:
+        return runtime.current_index
+
+    def set_device(device) -> None:
+        runtime.current_index = _device_index(runtime, device)
+
+    def synchronize(device=None) -> None:
+        """Wait for all work queued on the device (all devices if None is passed? no: the
+        current one, as torch.cuda does; we drain every device, which is never wrong)."""
+        if device is not None:
+            _device_index(runtime, device)
+        runtime.synchronize(None)
+
+    # -- random numbers ----------------------------------------------------------------
+    def manual_seed(seed: int) -> None:
+        runtime.device().manual_seed(seed)
+
+    def manual_seed_all(seed: int) -> None:
+        # Called by torch.manual_seed; must not call back into torch.manual_seed.
+        for d in runtime.devices:
+            d.manual_seed(seed)
+
+    def seed() -> None:
+        manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+    def seed_all() -> None:
+        manual_seed_all(int.from_bytes(os.urandom(8), "little"))
+
+    def initial_seed() -> int:
+        return runtime.device().initial_seed
+
+    def get_rng_state(device="neuron") -> torch.Tensor:
+        return runtime.devices[_device_index(runtime, device)].generator.get_state()
+
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [d.generator.get_state() for d in runtime.devices]
+
+    def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
+        if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
+            raise TypeError("set_rng_state expects the torch.uint8 tensor returned by get_rng_state")
+        runtime.devices[_device_index(runtime, device)].generator.set_state(new_state.cpu())
+
+    def set_rng_state_all(new_states) -> None:
+        for i, s in enumerate(new_states):
+            set_rng_state(s, i)
+
+    # -- memory ------------------------------------------------------------------------
+    def memory_allocated(device=None) -> int:
+        return runtime.devices[_device_index(runtime, device)].memory.allocated
+
+    def max_memory_allocated(device=None) -> int:
+        return runtime.devices[_device_index(runtime, device)].memory.peak
+
+    def memory_reserved(device=None) -> int:
+        return memory_allocated(device)
+
+    def max_memory_reserved(device=None) -> int:
+        return max_memory_allocated(device)
+
+    def reset_peak_memory_stats(device=None) -> None:
+        runtime.devices[_device_index(runtime, device)].memory.reset_peak()
+
+    def memory_stats(device=None) -> dict:
+        return runtime.devices[_device_index(runtime, device)].memory.stats()
+
+    def mem_get_info(device=None) -> tuple[int, int]:
+        mem = runtime.devices[_device_index(runtime, device)].memory
+        return mem.capacity - mem.allocated, mem.capacity
+
+    def memory_summary(device=None) -> str:
+        mem = runtime.devices[_device_index(runtime, device)].memory
+        return (f"{mem.device_name}: allocated {format_bytes(mem.allocated)}, "
+                f"peak {format_bytes(mem.peak)}, capacity {format_bytes(mem.capacity)}")
+
+    def empty_cache() -> None:
+        """Nothing to release: the emulated allocator keeps no cache."""
+
+    # -- properties --------------------------------------------------------------------
+    def get_device_properties(device=None) -> NeuronDeviceProperties:
+        index = _device_index(runtime, device)
+        cfg = runtime.config
+        share = cfg.logical_cores / cfg.profile.neuron_cores_per_chip
+        return NeuronDeviceProperties(
+            name=get_device_name(index), profile=cfg.profile.name,
+            total_memory=runtime.devices[index].memory.capacity, neuron_cores=cfg.logical_cores,
+            hbm_bandwidth_bytes_per_s=cfg.profile.hbm_bandwidth_bytes_per_s * share,
+            dense_bf16_flops=cfg.profile.dense_bf16_flops * share,
+            launch_overhead_us=cfg.launch_overhead_us)
+
+    def get_device_name(device=None) -> str:
+        _device_index(runtime, device)
+        cfg = runtime.config
+        return f"AWS Trainium {cfg.profile.name} (emulated, {cfg.logical_cores} NeuronCores)"
+
+    def get_device_capability(device=None) -> tuple[int, int]:
+        _device_index(runtime, device)
+        return (int(runtime.config.profile.name[-1]), 0)
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    for fn in list(locals().values()):
+        if callable(fn) and getattr(fn, "__module__", None) == __name__ and fn is not build_module:
+            fn.__module__ = "torch.neuron"
+            setattr(m, fn.__name__, fn)
+    m.NeuronDeviceProperties = NeuronDeviceProperties
+    return m

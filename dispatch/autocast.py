@@ -1,0 +1,5 @@
+"""torch.autocast('neuron', ...): placeholder, filled in below."""
+
+
+def register(lib) -> None:
+    pass

@@ -1,0 +1,109 @@
+"""What kind of op an OpOverload is, read from its schema and tags, computed once per op.
+
+Note [Op classification]: every decision on the per-op hot path (does the op write an
+input? is it a view? does it draw random numbers? does its output shape depend on data?)
+is made here once per OpOverload and cached on the OpInfo. Names are listed by hand only
+where neither the schema nor torch's tags can tell (see HOST_READ_OPS, RESIZING_OPS).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+aten = torch.ops.aten
+
+# Ops whose result is a host value computed from device data: reading them is a sync point.
+HOST_READ_OPS = frozenset({
+    aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default,
+})
+# Ops that can give a written argument new storage or new sizes; the schema cannot tell.
+RESIZING_OPS = frozenset({
+    aten.resize_.default, aten.resize_as_.default, aten.set_.source_Storage,
+    aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.set_.default,
+})
+# Ops that may take CPU index tensors with neuron data, as CUDA allows.
+CPU_INDEX_OPS = frozenset({
+    aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
+    aten._index_put_impl_.default,
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    op: torch._ops.OpOverload
+    name: str
+    # indices of the positional arguments that the op writes (in-place self, out=...)
+    written_args: tuple[int, ...]
+    # names of keyword-only written arguments (out=, out0=...)
+    written_kwargs: tuple[str, ...]
+    # for each return: ("arg", i) / ("kwarg", name) if it is a written input, else None
+    return_aliases: tuple[tuple[str, object] | None, ...]
+    is_inplace: bool  # writes self (add_, copy_, index_put_)
+    is_out: bool  # has out= arguments
+    is_view: bool  # some output is a view of an input
+    is_random: bool
+    generator_arg: str | None  # name of the Generator? argument, if the schema has one
+    is_host_read: bool
+    has_data_dependent_shape: bool
+    may_resize: bool
+    allows_cpu_indices: bool
+    device_arg: str | None  # name of a `Device?` argument (factories, _to_copy)
+    returns_tensor_list: bool
+
+    @property
+    def mutates(self) -> bool:
+        return bool(self.written_args or self.written_kwargs)
+
+
+_cache: dict[torch._ops.OpOverload, OpInfo] = {}
+
+
+def classify(op: torch._ops.OpOverload) -> OpInfo:
+    info = _cache.get(op)
+    if info is None:
+        info = _cache[op] = _classify(op)
+    return info
+
+
+def _classify(op) -> OpInfo:
+    schema = op._schema
+    written_args, written_kwargs, alias_of = [], [], {}
+    for i, a in enumerate(schema.arguments):
+        ai = a.alias_info
+        if ai is not None and ai.is_write:
+            if a.kwarg_only:
+                written_kwargs.append(a.name)
+                ref = ("kwarg", a.name)
+            else:
+                written_args.append(i)
+                ref = ("arg", i)
+            for s in ai.before_set:
+                alias_of[s] = ref
+    return_aliases, is_view = [], False
+    for r in schema.returns:
+        ai = r.alias_info
+        ref = None
+        if ai is not None:
+            sets = list(ai.before_set)
+            if ai.is_write and sets and sets[0] in alias_of:
+                ref = alias_of[sets[0]]
+            elif not ai.is_write:
+                is_view = True
+        return_aliases.append(ref)
+    tags = set(op.tags)
+    gen = next((a.name for a in schema.arguments if "Generator" in str(a.type)), None)
+    dev = next((a.name for a in schema.arguments if "Device" in str(a.type)), None)
+    is_out = bool(written_kwargs)
+    return OpInfo(
+        op=op, name=str(op), written_args=tuple(written_args),
+        written_kwargs=tuple(written_kwargs), return_aliases=tuple(return_aliases),
+        is_inplace=0 in written_args, is_out=is_out, is_view=is_view,
+        is_random=torch.Tag.nondeterministic_seeded in tags or gen is not None,
+        generator_arg=gen, is_host_read=op in HOST_READ_OPS,
+        has_data_dependent_shape=(torch.Tag.dynamic_output_shape in tags
+                                  or torch.Tag.data_dependent_output in tags),
+        may_resize=is_out or op in RESIZING_OPS,
+        allows_cpu_indices=op in CPU_INDEX_OPS, device_arg=dev,
+        returns_tensor_list=any(str(r.type).startswith("Tensor[]") for r in schema.returns),
+    )

@@ -1,0 +1,47 @@
+"""The Executor interface between dispatch and the engine, and the plain eager executor.
+
+Every ATen op on a neuron tensor reaches `Executor.execute`. The eager executor runs it at
+once, as one launch. The adaptive engine (adaptive_eager/) implements the same interface
+and decides how ops reach the device; it installs itself with `install_executor`.
+"""
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from . import transfers
+from .classify import classify
+from .kernels import run_kernel
+from .tensor import NeuronTensor
+
+
+class Executor(abc.ABC):
+    name = "executor"
+
+    @abc.abstractmethod
+    def execute(self, func, args, kwargs):
+        """Run (or schedule) one ATen op whose arguments include neuron tensors."""
+
+    @abc.abstractmethod
+    def read(self, t: NeuronTensor) -> torch.Tensor:
+        """A fresh host tensor with t's current value: a sync point."""
+
+    def synchronize(self, device_index: int | None) -> None:
+        """Run everything held back for the device (None: every device)."""
+
+
+class EagerExecutor(Executor):
+    """Op by op: every op is one launch the moment it is issued."""
+
+    name = "eager"
+
+    def execute(self, func, args, kwargs):
+        info = classify(func)
+        special = transfers.SPECIAL_OPS.get(func)
+        if special is not None:
+            return special(info, args, kwargs)
+        return run_kernel(info, args, kwargs)
+
+    def read(self, t: NeuronTensor) -> torch.Tensor:
+        return transfers.to_host(t)

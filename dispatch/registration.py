@@ -1,0 +1,89 @@
+"""Registering `neuron` as PyTorch's PrivateUse1 device: once per process, idempotent."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import device as neuron_device
+from device.torch_module import build_module
+
+from . import autocast, host_compat
+from .context import CONTEXT, install_executor
+from .executor import EagerExecutor
+from .factories import register_factories
+from .tensor import NEURON_DEVICES
+
+SUPPORTED_TORCH = ((2, 13),)
+BACKEND_NAME = "neuron"
+_lock = threading.Lock()
+_libraries: list[torch.library.Library] = []
+
+
+class NeuronHooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, device_index) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class NeuronDeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def check_torch_version(version: str = torch.__version__) -> None:
+    major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    if (major, minor) not in SUPPORTED_TORCH:
+        supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TORCH)
+        raise ImportError(
+            f"adaptive-eager supports torch {supported} (it registers a pure-Python PrivateUse1 "
+            f"backend through APIs that change between releases), but torch {version} is installed. "
+            f"Install a supported release: pip install 'torch>=2.13,<2.14'.")
+    if not hasattr(torch.utils.backend_registration, "_setup_privateuseone_for_python_backend"):
+        raise ImportError(
+            f"torch {version} lacks torch.utils.backend_registration._setup_privateuseone_for_python_backend; "
+            "install 'torch>=2.13,<2.14'.")
+
+
+def is_registered() -> bool:
+    return CONTEXT.runtime is not None
+
+
+def register() -> None:
+    """Make `neuron` a PyTorch device. Safe to call any number of times."""
+    with _lock:
+        if is_registered():
+            return
+        check_torch_version()
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", BACKEND_NAME):
+            raise RuntimeError(
+                f"PrivateUse1 is already registered as {current!r} in this process, so adaptive-eager cannot "
+                f"register 'neuron'. Only one PrivateUse1 backend can be loaded per process; "
+                f"disable the other one (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and import one explicitly).")
+        runtime = neuron_device.get_runtime()
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+        _setup_privateuseone_for_python_backend(
+            BACKEND_NAME, backend_module=build_module(runtime), hook=NeuronHooks(),
+            device_guard=NeuronDeviceGuard())
+        NEURON_DEVICES[:] = [torch.device(BACKEND_NAME, i) for i in range(runtime.device_count)]
+        lib = torch.library.Library("aten", "IMPL")
+        _libraries.append(lib)
+        register_factories(lib)
+        autocast.register(lib)
+        host_compat.install(runtime)
+        CONTEXT.ops = [0] * runtime.device_count
+        if CONTEXT.executor is None:
+            install_executor(EagerExecutor())
+        runtime.add_sync_hook(_drain_executor)
+        CONTEXT.runtime = runtime  # last: marks registration complete
+
+
+def _drain_executor(device_index):
+    CONTEXT.executor.synchronize(device_index)

@@ -1,0 +1,77 @@
+"""Ops that move data across the host/device boundary or between devices.
+
+They are transfers, not kernel launches: counted by `Runtime.transfer`. A copy to the host
+is a host read, so an executor that holds work back must first run what it depends on;
+executors call these functions only once that is done.
+"""
+from __future__ import annotations
+
+import torch
+
+from .context import CONTEXT
+from .kernels import run_kernel, wrap_new
+from .tensor import NeuronTensor
+
+aten = torch.ops.aten
+
+
+def to_host(t: NeuronTensor) -> torch.Tensor:
+    """A fresh host copy of t's value (device -> host transfer)."""
+    data = t._data
+    CONTEXT.runtime.transfer(t._device_index, data.nbytes)
+    return data.clone()
+
+
+def _count(device_index: int) -> None:
+    CONTEXT.ops[device_index] += 1
+
+
+def to_copy(info, args, kwargs):
+    src = args[0]
+    dev = kwargs.get("device")
+    dev = src.device if dev is None else torch.device(dev)
+    host_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")}
+    if dev.type == "neuron":
+        index = CONTEXT.runtime.check_index(dev.index)
+        if index == src._device_index:  # a dtype/layout change on the device: a kernel
+            return run_kernel(info, args, kwargs)
+    _count(src._device_index)
+    if dev.type == "neuron":
+        out = aten._to_copy.default(src._data, **host_kwargs)
+        CONTEXT.runtime.transfer(index, out.nbytes)
+        return wrap_new(out, index)
+    CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
+    return aten._to_copy.default(src._data, device=dev, **host_kwargs)
+
+
+def copy_(info, args, kwargs):
+    dst, src = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    dst_on = isinstance(dst, NeuronTensor)
+    src_on = isinstance(src, NeuronTensor)
+    if dst_on and src_on and dst._device_index == src._device_index:
+        return run_kernel(info, args, kwargs)
+    if dst_on:
+        _count(dst._device_index)
+        # host -> device, or device -> device: the bytes land in dst's host storage now.
+        dst._data.copy_(src._data if src_on else src, non_blocking)
+        CONTEXT.runtime.transfer(dst._device_index, dst._data.nbytes)
+        return dst
+    _count(src._device_index)
+    CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
+    dst.copy_(src._data, non_blocking)
+    return dst
+
+
+def local_scalar_dense(info, args, kwargs):
+    t = args[0]
+    _count(t._device_index)
+    CONTEXT.runtime.transfer(t._device_index, t._data.element_size())
+    return t._data.item()
+
+
+SPECIAL_OPS = {
+    aten._to_copy.default: to_copy,
+    aten.copy_.default: copy_,
+    aten._local_scalar_dense.default: local_scalar_dense,
+}
