@@ -30,6 +30,7 @@ class DeviceMemory:
         self.peak = 0
         self.num_allocs = 0
         self.num_frees = 0
+        self.num_ooms = 0
         self._live: dict[int, tuple[weakref.ref, int]] = {}
         # Weak-reference callbacks run on whichever thread drops the last reference
         # (autograd's device thread included), so every update takes the lock.
@@ -38,6 +39,7 @@ class DeviceMemory:
     def reserve(self, nbytes: int) -> None:
         """Raise torch.OutOfMemoryError if nbytes more would not fit."""
         if self.allocated + nbytes > self.capacity:
+            self.num_ooms += 1
             free = self.capacity - self.allocated
             raise torch.OutOfMemoryError(
                 f"{self.device_name} out of memory. Tried to allocate {format_bytes(nbytes)}. "
@@ -83,7 +85,7 @@ class DeviceMemory:
             "allocated_bytes.all.current": self.allocated,
             "allocated_bytes.all.peak": self.peak,
             "num_alloc_retries": 0,
-            "num_ooms": 0,
+            "num_ooms": self.num_ooms,
             "allocation.all.allocated": self.num_allocs,
             "allocation.all.freed": self.num_frees,
             "allocation.all.current": len(self._live),
