@@ -20,6 +20,20 @@ def format_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
+class _StorageRef(weakref.ref):
+    """A weak reference to a tracked storage, with what it is charged."""
+
+    __slots__ = ("key", "nbytes")
+
+    def __new__(cls, storage, callback, key: int, nbytes: int):
+        return super().__new__(cls, storage, callback)
+
+    def __init__(self, storage, callback, key: int, nbytes: int):
+        super().__init__(storage, callback)
+        self.key = key
+        self.nbytes = nbytes
+
+
 class DeviceMemory:
     """Allocated/peak bytes of one device, with a capacity and a CUDA-like OOM error."""
 
@@ -31,10 +45,11 @@ class DeviceMemory:
         self.num_allocs = 0
         self.num_frees = 0
         self.num_ooms = 0
-        self._live: dict[int, tuple[weakref.ref, int]] = {}
+        self._live: dict[int, _StorageRef] = {}
         # Weak-reference callbacks run on whichever thread drops the last reference
-        # (autograd's device thread included), so every update takes the lock.
-        self._lock = threading.Lock()
+        # (autograd's device thread included), so every update takes the lock. Reentrant:
+        # a callback may fire on this thread while it holds the lock.
+        self._lock = threading.RLock()
 
     def reserve(self, nbytes: int) -> None:
         """Raise torch.OutOfMemoryError if nbytes more would not fit."""
@@ -53,27 +68,44 @@ class DeviceMemory:
 
     def track(self, storage: torch.UntypedStorage) -> None:
         """Count storage against this device until it dies; raises OOM (and counts nothing)
-        if it does not fit. A storage already tracked is not counted twice."""
+        if it does not fit. A storage already tracked is not counted twice, but one that
+        grew in place since (resize_, out= with a larger result) is charged the growth."""
+        # Hot path: once per new device tensor. One weakref subclass instance carries the
+        # key and size, and one bound method is the callback: no closure per storage.
         key = storage._cdata
-        if key in self._live:
-            return
         nbytes = storage.nbytes()
+        entry = self._live.get(key)
+        if entry is not None and entry.nbytes == nbytes:
+            return
         with self._lock:
-            if key in self._live:
+            entry = self._live.get(key)
+            if entry is not None:
+                self._grow(entry, nbytes)
                 return
-            self.reserve(nbytes)
-            ref = weakref.ref(storage, lambda _ref, key=key: self._release(key))
-            self._live[key] = (ref, nbytes)
+            if self.allocated + nbytes > self.capacity:
+                self.reserve(nbytes)  # raises
+            self._live[key] = _StorageRef(storage, self._on_free, key, nbytes)
             self.allocated += nbytes
             self.num_allocs += 1
             if self.allocated > self.peak:
                 self.peak = self.allocated
 
-    def _release(self, key: int) -> None:
+    def _grow(self, entry: "_StorageRef", nbytes: int) -> None:
+        """Charge a tracked storage's change of size (caller holds the lock)."""
+        growth = nbytes - entry.nbytes
+        if growth > 0:
+            self.reserve(growth)
+        entry.nbytes = nbytes
+        self.allocated += growth
+        if self.allocated > self.peak:
+            self.peak = self.allocated
+
+    def _on_free(self, ref: "_StorageRef") -> None:
+        # Runs on whichever thread dropped the storage's last reference.
         with self._lock:
-            entry = self._live.pop(key, None)
-            if entry is not None:
-                self.allocated -= entry[1]
+            if self._live.get(ref.key) is ref:
+                del self._live[ref.key]
+                self.allocated -= ref.nbytes
                 self.num_frees += 1
 
     def reset_peak(self) -> None:

@@ -103,7 +103,9 @@ def _classify(op) -> OpInfo:
         generator_arg=gen, is_host_read=op in HOST_READ_OPS,
         has_data_dependent_shape=(torch.Tag.dynamic_output_shape in tags
                                   or torch.Tag.data_dependent_output in tags),
-        may_resize=is_out or op in RESIZING_OPS,
+        # inplace_view ops (t_, unsqueeze_, as_strided_) change the written tensor's
+        # sizes/strides, so the wrapper's metadata must be refreshed like after resize_.
+        may_resize=is_out or op in RESIZING_OPS or torch.Tag.inplace_view in tags,
         allows_cpu_indices=op in CPU_INDEX_OPS, device_arg=dev,
         returns_tensor_list=any(str(r.type).startswith("Tensor[]") for r in schema.returns),
     )

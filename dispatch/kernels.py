@@ -8,11 +8,11 @@ wrote, as eager PyTorch does), and say what the launch costs.
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from .classify import OpInfo
 from .context import CONTEXT
-from .tensor import NeuronTensor, fix_wrapper_metadata
+from .tensor import NeuronTensor, fix_wrapper_metadata, host_view, wrap_math_bits_view
 
 
 class DeviceMismatchError(RuntimeError):
@@ -44,7 +44,8 @@ def _unwrap(a, u: Unwrapped, info: OpInfo):
             if u.device >= 0:
                 raise mismatch_error(f"neuron:{u.device}", f"neuron:{d}", info.name)
             u.device = d
-        data = a._data
+        # A conj/neg flagged wrapper reaches us only for ops that read the flags: Note [Math bits].
+        data = host_view(a) if a._math_bits else a._data
         u.in_bytes += data.nbytes
         if u.dtype is None:
             u.dtype = data.dtype
@@ -111,14 +112,41 @@ def run_on_host(info: OpInfo, device_index: int, args, kwargs):
         default.set_state(saved)
 
 
+_MATH_BIT_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.Negative)
+
+
+def run_on_host_with_math_bits(info: OpInfo, device_index: int, args, kwargs):
+    """run_on_host with the Conjugate and Negative keys enabled again (Note [Math bits]).
+
+    `__torch_dispatch__` runs with them excluded, so a host kernel that builds a conj view
+    internally and computes with it (linalg_pinv, lstsq: `A.mH @ ...`) would silently drop the
+    conjugation. Re-enabling them costs ~2.5 us, so callers do it only for complex data.
+    """
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude - _MATH_BIT_KEYS):
+        return run_on_host(info, device_index, args, kwargs)
+
+
 def _generator_is_kwarg(info: OpInfo) -> bool:
     return any(a.name == info.generator_arg and a.kwarg_only for a in info.op._schema.arguments)
 
 
 def wrap_new(data: torch.Tensor, device_index: int) -> NeuronTensor:
     """Wrap a host tensor produced by a kernel; its storage now counts against the device."""
-    CONTEXT.runtime.devices[device_index].memory.track(data.untyped_storage())
+    try:
+        storage = data.untyped_storage()
+    except NotImplementedError:  # sparse/quantized results: no storage (a try costs nothing here)
+        raise unsupported_layout_error(data) from None
+    CONTEXT.runtime.devices[device_index].memory.track(storage)
     return NeuronTensor(data, device_index)
+
+
+def unsupported_layout_error(data: torch.Tensor) -> NotImplementedError:
+    return NotImplementedError(
+        f"neuron tensors are dense (strided) only, but this op produced a {data.layout} tensor. "
+        f"Keep sparse tensors on the CPU (x.cpu().to_sparse()), or use a dense equivalent "
+        f"(to_dense(), torch.mm on dense tensors) on neuron.")
 
 
 def wrap_result(out, info: OpInfo, args, kwargs, device_index: int):
@@ -146,6 +174,8 @@ def _wrap_one(o, alias, info: OpInfo, args, kwargs, device_index: int):
             CONTEXT.runtime.devices[device_index].memory.track(written._data.untyped_storage())
             fix_wrapper_metadata(written)
         return written
+    if info.is_view and (o.is_conj() or o.is_neg()):  # Note [Math bits]
+        return wrap_math_bits_view(o, device_index)
     return wrap_new(o, device_index)
 
 
@@ -159,20 +189,83 @@ def op_cost_us(info: OpInfo, u: Unwrapped, out) -> float:
             if isinstance(o, torch.Tensor):
                 nbytes += o.nbytes
     flops = 0
-    formula = flop_registry.get(info.op._overloadpacket)
+    formula = _flop_formulas.get(info.op, _UNSEEN)
+    if formula is _UNSEEN:
+        formula = _flop_formulas[info.op] = _shape_flop_formula(info.op)
     if formula is not None:
+        fn, on_shapes = formula
         try:
-            flops = formula(*u.args, **u.kwargs, out_val=out)
+            if on_shapes:
+                flops = fn(*[_shape_of(a) for a in u.args], out_shape=_shape_of(out),
+                           **{k: _shape_of(v) for k, v in u.kwargs.items()})
+            else:
+                flops = fn(*u.args, **u.kwargs, out_val=out)
         except Exception:  # a formula that cannot read these arguments: count bytes only
             flops = 0
     return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
+
+
+# torch's FLOP formulas, per OpOverload, called on shapes. flop_registry holds them wrapped in
+# flop_counter.shape_wrapper, whose pytree tree_map over every argument cost ~35 us per mm
+# (more than the whole rest of the eager path); we map tensors to shapes ourselves instead.
+_flop_formulas: dict = {}
+_UNSEEN = object()
+_SHAPE_WRAPPER_CODE = shape_wrapper(lambda: None).__code__
+
+
+def _mm_flops(a, b, out_shape=None, **_):
+    m, k = a
+    n = b[-1]
+    return m * n * 2 * k
+
+
+def _bmm_flops(a, b, out_shape=None, **_):
+    batch, m, k = a
+    n = b[-1]
+    return batch * m * n * 2 * k
+
+
+# The matmul family, as flop_counter's formulas compute it: its addmm/baddbmm formulas call the
+# *wrapped* mm/bmm formulas, so unwrapping them alone would still pay a tree_map per op.
+_MATMUL_FLOPS = {
+    torch.ops.aten.mm: _mm_flops,
+    torch.ops.aten.addmm: lambda c, a, b, out_shape=None, **_: _mm_flops(a, b),
+    torch.ops.aten.bmm: _bmm_flops,
+    torch.ops.aten.baddbmm: lambda c, a, b, out_shape=None, **_: _bmm_flops(a, b),
+}
+
+
+def _shape_flop_formula(op):
+    """(formula, takes_shapes) for the op, or None: the formula unwrapped when it is
+    shape_wrapper's, else as registered (get_raw=True formulas take the values)."""
+    formula = flop_registry.get(op._overloadpacket)
+    if formula is None:
+        return None
+    if op._overloadpacket in _MATMUL_FLOPS:
+        return _MATMUL_FLOPS[op._overloadpacket], True
+    inner = getattr(formula, "__wrapped__", None)
+    if inner is not None and getattr(formula, "__code__", None) is _SHAPE_WRAPPER_CODE:
+        return inner, True
+    return formula, False
+
+
+def _shape_of(a):
+    """flop_counter.get_shape, mapped through lists and tuples as its tree_map does."""
+    if isinstance(a, torch.Tensor):
+        return a.shape
+    if isinstance(a, (list, tuple)):
+        return type(a)(_shape_of(x) for x in a)
+    return a
 
 
 def run_kernel(info: OpInfo, args, kwargs):
     """Run one op now, as one launch on its device (the eager path)."""
     u = unwrap(info, args, kwargs)
     CONTEXT.ops[u.device] += 1
-    out = run_on_host(info, u.device, u.args, u.kwargs)
+    if u.dtype is not None and u.dtype.is_complex:  # only complex data carries math bits
+        out = run_on_host_with_math_bits(info, u.device, u.args, u.kwargs)
+    else:
+        out = run_on_host(info, u.device, u.args, u.kwargs)
     result = wrap_result(out, info, args, kwargs, u.device if u.target is None else u.target)
     CONTEXT.runtime.launch(u.device, op_cost_us(info, u, out))
     return result

@@ -8,7 +8,7 @@ import torch
 import device as neuron_device
 from device.torch_module import build_module
 
-from . import autocast, host_compat
+from . import attention, autocast, host_compat, optim_compat, transfers
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 from .factories import register_factories
@@ -76,8 +76,11 @@ def register() -> None:
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)
         register_factories(lib)
+        transfers.register_copy_kernels(lib)
         autocast.register(lib)
+        attention.register(lib)
         host_compat.install(runtime)
+        optim_compat.install()
         CONTEXT.ops = [0] * runtime.device_count
         if CONTEXT.executor is None:
             install_executor(EagerExecutor())

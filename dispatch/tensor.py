@@ -8,6 +8,8 @@ executor (see `dispatch.context`).
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 from torch.utils._mode_utils import no_dispatch
 
@@ -19,6 +21,9 @@ NEURON_DEVICES: list[torch.device] = []  # torch.device('neuron', i), filled at 
 class NeuronTensor(torch.Tensor):
     # No __slots__: nn.Module.to swaps tensors and refuses classes whose slots differ.
     _data: torch.Tensor
+    # True once the wrapper carries a conj/neg bit: see Note [Math bits]. A class default, so
+    # the per-argument check on the hot path is one attribute read.
+    _math_bits = False
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, device_index: int):
@@ -70,17 +75,16 @@ class NeuronTensor(torch.Tensor):
         return object.__format__(self, spec)
 
     def __reduce_ex__(self, proto):
-        # Save the host value: checkpoints then load with weights_only=True, on CPU or back
-        # onto the device (map_location / load_state_dict copy it over).
+        # Save the host value through torch's own rebuild for storage-less devices (what
+        # XLA uses): it is on the weights_only allow-list, and it honours map_location
+        # ('cpu' gives real CPU tensors). The inner CPU storage must never be moved to
+        # 'neuron' by torch.load (that would segfault): see host_compat's deserializer.
+        if isinstance(self, torch.nn.Parameter):
+            return (torch._utils._rebuild_parameter,
+                    (self.detach(), self.requires_grad, collections.OrderedDict()))
         value = self.host_value().detach()
-        if self.requires_grad:
-            value.requires_grad_(True)
-        return (_rebuild_on_device, (value, self.device.index, isinstance(self, torch.nn.Parameter)))
-
-
-def _rebuild_on_device(value: torch.Tensor, device_index: int, is_param: bool):
-    t = value.to(NEURON_DEVICES[device_index])
-    return torch.nn.Parameter(t, requires_grad=value.requires_grad) if is_param else t
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (value, self.dtype, str(self.device), self.requires_grad))
 
 
 def _format(t: NeuronTensor) -> str:
@@ -89,6 +93,39 @@ def _format(t: NeuronTensor) -> str:
     text = torch._tensor_str._str_intern(t, tensor_contents=contents)
     # Print as a plain tensor does on any accelerator: tensor([...], device='neuron:0').
     return "tensor(" + text[len("NeuronTensor("):]
+
+
+def host_view(t: NeuronTensor) -> torch.Tensor:
+    """t's host data with t's conj/neg bits on it: what a kernel that reads the bits must see.
+
+    Note [Math bits]: a conj or neg view (`x.conj()`, `_neg_view`) is a flag on the tensor,
+    not new bytes. Inside `__torch_dispatch__` the Conjugate and Negative keys are excluded,
+    so host kernels ignore such flags on their inputs (`mul` of a conj view silently loses the
+    conjugation). The flags therefore live on the wrapper, as on CUDA's TensorImpl, and `_data`
+    never carries them: the outer Conjugate/Negative fallbacks materialise flagged inputs for
+    ordinary ops, and the few ops they let through (views, copy_, clone, mm and other BLAS ops
+    that read the flags themselves) get the flags back here, in `unwrap`.
+    """
+    data = t._data
+    if t.is_conj():
+        data = data.conj()
+    if t.is_neg():
+        data = data._neg_view()
+    return data
+
+
+def wrap_math_bits_view(data: torch.Tensor, device_index: int) -> NeuronTensor:
+    """Wrap a host view that carries conj/neg bits: the bits move to the wrapper (Note [Math bits])."""
+    conj, neg = data.is_conj(), data.is_neg()
+    if conj:
+        data = data.conj()  # a view with the bit cleared: same bytes
+    if neg:
+        data = data._neg_view()
+    w = NeuronTensor(data, device_index)
+    torch._C._set_conj(w, conj)
+    torch._C._set_neg(w, neg)
+    w._math_bits = True
+    return w
 
 
 def fix_wrapper_metadata(w: NeuronTensor) -> None:

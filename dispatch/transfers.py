@@ -10,7 +10,7 @@ import torch
 
 from .context import CONTEXT
 from .kernels import run_kernel, wrap_new
-from .tensor import NeuronTensor
+from .tensor import NeuronTensor, host_view
 
 aten = torch.ops.aten
 
@@ -19,6 +19,8 @@ def to_host(t: NeuronTensor) -> torch.Tensor:
     """A fresh host copy of t's value (device -> host transfer)."""
     data = t._data
     CONTEXT.runtime.transfer(t._device_index, data.nbytes)
+    if t._math_bits:  # a conj/neg view: its value is the flagged data, resolved (Note [Math bits])
+        return host_view(t).resolve_conj().resolve_neg().clone()
     return data.clone()
 
 
@@ -54,12 +56,12 @@ def copy_(info, args, kwargs):
     if dst_on:
         _count(dst._device_index)
         # host -> device, or device -> device: the bytes land in dst's host storage now.
-        dst._data.copy_(src._data if src_on else src, non_blocking)
+        host_view(dst).copy_(host_view(src) if src_on else src, non_blocking)  # Note [Math bits]
         CONTEXT.runtime.transfer(dst._device_index, dst._data.nbytes)
         return dst
     _count(src._device_index)
     CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
-    dst.copy_(src._data, non_blocking)
+    dst.copy_(host_view(src), non_blocking)
     return dst
 
 
@@ -75,3 +77,21 @@ SPECIAL_OPS = {
     aten.copy_.default: copy_,
     aten._local_scalar_dense.default: local_scalar_dense,
 }
+
+
+def _copy_from_kernel(src, dst, non_blocking=False):
+    """PrivateUse1 kernel of aten::_copy_from, reached with the Python key excluded:
+    `torch.tensor(data, device='neuron')` builds the data on the host and copies it over
+    under that guard, so `copy_` never reaches `__torch_dispatch__`."""
+    dst_on, src_on = isinstance(dst, NeuronTensor), isinstance(src, NeuronTensor)
+    source = host_view(src) if src_on else src  # Note [Math bits]
+    target = host_view(dst) if dst_on else dst
+    index = dst._device_index if dst_on else src._device_index
+    _count(index)
+    target.copy_(source, non_blocking)
+    CONTEXT.runtime.transfer(index, target.nbytes)
+    return dst
+
+
+def register_copy_kernels(lib: torch.library.Library) -> None:
+    lib.impl("_copy_from", _copy_from_kernel, "PrivateUse1")
