@@ -50,6 +50,9 @@ class OpInfo:
     allows_cpu_indices: bool
     device_arg: str | None  # name of a `Device?` argument (factories, _to_copy)
     returns_tensor_list: bool
+    # CompositeImplicitAutograd ops reach __torch_dispatch__ whole only when autograd is
+    # skipped (inference_mode): they must then be decomposed, as the autograd key would.
+    decomposes: bool
 
     @property
     def mutates(self) -> bool:
@@ -108,4 +111,5 @@ def _classify(op) -> OpInfo:
         may_resize=is_out or op in RESIZING_OPS or torch.Tag.inplace_view in tags,
         allows_cpu_indices=op in CPU_INDEX_OPS, device_arg=dev,
         returns_tensor_list=any(str(r.type).startswith("Tensor[]") for r in schema.returns),
+        decomposes=torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"),
     )

@@ -38,6 +38,10 @@ class EagerExecutor(Executor):
 
     def execute(self, func, args, kwargs):
         info = classify(func)
+        if info.decomposes:
+            out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         special = transfers.SPECIAL_OPS.get(func)
         if special is not None:
             return special(info, args, kwargs)

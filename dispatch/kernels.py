@@ -174,9 +174,25 @@ def _wrap_one(o, alias, info: OpInfo, args, kwargs, device_index: int):
             CONTEXT.runtime.devices[device_index].memory.track(written._data.untyped_storage())
             fix_wrapper_metadata(written)
         return written
-    if info.is_view and (o.is_conj() or o.is_neg()):  # Note [Math bits]
+    if info.is_view:
+        if torch.is_inference_mode_enabled() and _has_normal_tensor(args):
+            # A view of a normal tensor is a normal tensor, even in inference mode (as on
+            # CPU); a wrapper made here would be an inference tensor, and torch then
+            # refuses to share the base's version counter with it.
+            with torch.inference_mode(False):
+                return _wrap_view(o, device_index)
+        return _wrap_view(o, device_index)
+    return wrap_new(o, device_index)
+
+
+def _wrap_view(o: torch.Tensor, device_index: int) -> NeuronTensor:
+    if o.is_conj() or o.is_neg():  # Note [Math bits]
         return wrap_math_bits_view(o, device_index)
     return wrap_new(o, device_index)
+
+
+def _has_normal_tensor(args) -> bool:
+    return any(isinstance(a, NeuronTensor) and not a.is_inference() for a in args)
 
 
 def op_cost_us(info: OpInfo, u: Unwrapped, out) -> float:

@@ -162,12 +162,9 @@ def test_cnn_with_batchnorm_matches_cpu_including_running_stats_and_eval():
     _assert_same_tree(cpu.model_state, _to_host(neuron.model.state_dict()), "eval changed no buffer")
 
 
-@pytest.mark.xfail(strict=True, raises=(RuntimeError, AssertionError), reason=(
-    "under torch.inference_mode() the autograd keys are skipped, so CompositeImplicit ops reach "
-    "__torch_dispatch__ undecomposed: aten.to.* runs on the host data and `.cpu()` returns a neuron "
-    "tensor; and view ops (view, t, flatten) on tensors made outside inference mode raise "
-    "'Cannot set version_counter for inference tensor'"))
 def test_cnn_eval_under_inference_mode_matches_cpu():
+    # Under inference_mode the autograd keys are skipped: CompositeImplicit ops (aten.to,
+    # flatten) reach __torch_dispatch__ whole and views of normal tensors are made there.
     torch.manual_seed(0)
     cpu_model = _cnn().eval()
     neuron_model = _cnn().eval().to("neuron")
@@ -177,6 +174,14 @@ def test_cnn_eval_under_inference_mode_matches_cpu():
         expected, got = cpu_model(x), neuron_model(x.to("neuron")).cpu()
     assert got.device.type == "cpu"
     assert torch.equal(got, expected)
+
+
+def test_views_of_normal_tensors_in_inference_mode_are_normal_tensors_as_on_cpu():
+    x = torch.randn(2, 3).to("neuron")
+    with torch.inference_mode():
+        v, t, y = x.view(6), x.t(), x + 1
+    assert (v.is_inference(), t.is_inference(), y.is_inference()) == (False, False, True)
+    assert torch.equal(t.cpu(), x.cpu().t())
 
 
 # -- a small transformer ---------------------------------------------------------------------
