@@ -9,9 +9,12 @@ from dispatch import register as _register
 
 _register()
 
+from .mode import SWITCH as _SWITCH, get_mode, mode, set_mode  # noqa: E402
 from .stats import Stats, reset_stats, stats  # noqa: E402
+
+_SWITCH.set(_SWITCH.default_from_env())
 
 __version__ = "0.1.0"
 
 
-__all__ = ["Stats", "reset_stats", "stats", "__version__"]
+__all__ = ["Stats", "get_mode", "mode", "reset_stats", "set_mode", "stats", "__version__"]

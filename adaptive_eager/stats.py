@@ -5,6 +5,8 @@ import dataclasses
 
 from dispatch import CONTEXT
 
+from .mode import SWITCH
+
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
@@ -19,11 +21,19 @@ class Stats:
     launch_overhead_us: float  # the launch-overhead part of device_time_us
     peak_memory_bytes: int
     memory_bytes: int  # currently allocated
+    # the adaptive engine (all devices)
+    fused_launches: int = 0  # launches that ran a cached trace (or a prefix of one)
+    fused_ops: int = 0  # ops inside those launches
+    traces: int = 0  # traces cached now
+    trace_hits: int = 0  # traces matched to the end
+    divergences: int = 0  # matches abandoned because an op differed from the trace
+    flushes: dict = dataclasses.field(default_factory=dict)  # reason -> pending work launched early
 
 
 def stats(device=None) -> Stats:
     """Counters of `device` (an index, 'neuron:N' or torch.device), or summed over all devices."""
     runtime = CONTEXT.runtime
+    engine = SWITCH.adaptive
     if device is None:
         indices = range(runtime.device_count)
     else:
@@ -42,6 +52,12 @@ def stats(device=None) -> Stats:
         launch_overhead_us=sum(d.counters.launch_overhead_us for d in devs),
         peak_memory_bytes=max(d.memory.peak for d in devs),
         memory_bytes=sum(d.memory.allocated for d in devs),
+        fused_launches=engine.counters.fused_launches,
+        fused_ops=engine.counters.fused_ops,
+        traces=len(engine.cache),
+        trace_hits=engine.counters.trace_hits,
+        divergences=engine.counters.divergences,
+        flushes=dict(engine.counters.flushes),
     )
 
 
@@ -50,3 +66,4 @@ def reset_stats() -> None:
     CONTEXT.runtime.synchronize(None)
     CONTEXT.runtime.reset_counters()
     CONTEXT.reset_counters()
+    SWITCH.adaptive.reset_counters()

@@ -80,6 +80,9 @@ def make_factory_kernel(op):
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
         _check_capacity(op, index, args, kwargs)
+        if info.is_random:
+            # Note [RNG order]: ops held back by the executor draw before this factory does.
+            CONTEXT.executor.synchronize(index)
         CONTEXT.ops[index] += 1
         out = run_on_host(info, index, args, kwargs)
         result = wrap_new(out, index)

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from .classify import OpInfo
 from .context import CONTEXT
-from .tensor import NeuronTensor, fix_wrapper_metadata, host_view, wrap_math_bits_view
+from .tensor import NeuronTensor, fix_wrapper_metadata, host_view, resolve_data, wrap_math_bits_view
 
 
 class DeviceMismatchError(RuntimeError):
@@ -23,6 +23,16 @@ def mismatch_error(a: str, b: str, op_name: str) -> RuntimeError:
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
         f"(when running {op_name}). Move them to one device first, e.g. with .to('{a}').")
+
+
+def deferred_value_error(t: NeuronTensor, op_name: str) -> Exception:
+    """A wrapper whose value never arrived: the launch that computes it failed (its error is
+    re-raised, as for every value that depended on the failed op) or was lost."""
+    if t._cell is not None and t._cell.error is not None:
+        return t._cell.error
+    return AssertionError(
+        f"internal error: {op_name} read a neuron tensor whose deferred value was never computed "
+        f"(Note [Deferred values]); please report it. NEURON_ADAPTIVE_EAGER=0 avoids it.")
 
 
 class Unwrapped:
@@ -46,11 +56,17 @@ def _unwrap(a, u: Unwrapped, info: OpInfo):
             u.device = d
         # A conj/neg flagged wrapper reaches us only for ops that read the flags: Note [Math bits].
         data = host_view(a) if a._math_bits else a._data
+        if data is None:
+            data = resolve_data(a)
+            if data is None:
+                raise deferred_value_error(a, info.name)
         u.in_bytes += data.nbytes
         if u.dtype is None:
             u.dtype = data.dtype
         return data
     if isinstance(a, torch.Tensor):
+        if a.device.type == "neuron":  # made by torch's C++ without us: sparse, quantized
+            raise unsupported_layout_error(a)
         # CPU 0-dim tensors are scalars, as on CUDA; CPU index tensors are allowed for indexing.
         if a.dim() != 0 and not info.allows_cpu_indices and a.device.type != "meta":
             raise mismatch_error("neuron:0" if u.device < 0 else f"neuron:{u.device}", str(a.device), info.name)
@@ -175,7 +191,7 @@ def _wrap_one(o, alias, info: OpInfo, args, kwargs, device_index: int):
             fix_wrapper_metadata(written)
         return written
     if info.is_view:
-        if torch.is_inference_mode_enabled() and _has_normal_tensor(args):
+        if torch.is_inference_mode_enabled() and has_normal_tensor(args):
             # A view of a normal tensor is a normal tensor, even in inference mode (as on
             # CPU); a wrapper made here would be an inference tensor, and torch then
             # refuses to share the base's version counter with it.
@@ -191,7 +207,7 @@ def _wrap_view(o: torch.Tensor, device_index: int) -> NeuronTensor:
     return wrap_new(o, device_index)
 
 
-def _has_normal_tensor(args) -> bool:
+def has_normal_tensor(args) -> bool:
     return any(isinstance(a, NeuronTensor) and not a.is_inference() for a in args)
 
 
@@ -204,21 +220,25 @@ def op_cost_us(info: OpInfo, u: Unwrapped, out) -> float:
         for o in out:
             if isinstance(o, torch.Tensor):
                 nbytes += o.nbytes
-    flops = 0
+    flops = op_flops(info, u.args, u.kwargs, out)
+    return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
+
+
+def op_flops(info: OpInfo, args, kwargs, out) -> float:
+    """FLOPs of the op on these host arguments, where torch has a formula; else 0."""
     formula = _flop_formulas.get(info.op, _UNSEEN)
     if formula is _UNSEEN:
         formula = _flop_formulas[info.op] = _shape_flop_formula(info.op)
-    if formula is not None:
-        fn, on_shapes = formula
-        try:
-            if on_shapes:
-                flops = fn(*[_shape_of(a) for a in u.args], out_shape=_shape_of(out),
-                           **{k: _shape_of(v) for k, v in u.kwargs.items()})
-            else:
-                flops = fn(*u.args, **u.kwargs, out_val=out)
-        except Exception:  # a formula that cannot read these arguments: count bytes only
-            flops = 0
-    return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
+    if formula is None:
+        return 0
+    fn, on_shapes = formula
+    try:
+        if on_shapes:
+            return fn(*[_shape_of(a) for a in args], out_shape=_shape_of(out),
+                      **{k: _shape_of(v) for k, v in kwargs.items()})
+        return fn(*args, **kwargs, out_val=out)
+    except Exception:  # a formula that cannot read these arguments: count bytes only
+        return 0
 
 
 # torch's FLOP formulas, per OpOverload, called on shapes. flop_registry holds them wrapped in

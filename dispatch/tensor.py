@@ -24,6 +24,17 @@ class NeuronTensor(torch.Tensor):
     # True once the wrapper carries a conj/neg bit: see Note [Math bits]. A class default, so
     # the per-argument check on the hot path is one attribute read.
     _math_bits = False
+    # Note [Deferred values]: the adaptive engine hands out wrappers whose op has not run
+    # yet: `_data` is None and `_cell` is a DeferredCell that the launch fills in (with the
+    # value, or the error of the failed launch); `resolve_data` moves it into `_data` on
+    # first read. The engine holds only weak references to cells, never to the wrappers:
+    # a weakref on a tensor makes torch.utils.swap_tensors (nn.Module.to) refuse it, and a
+    # strong one changes autograd's reference-count decisions (and so the op stream).
+    # `_producer` = (stream position, output slot) of the op that last wrote the wrapper,
+    # so the engine can tell dataflow inside a trace from inputs coming from outside.
+    # Class defaults keep the hot-path reads cheap.
+    _producer = None
+    _cell = None
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, device_index: int):
@@ -32,6 +43,17 @@ class NeuronTensor(torch.Tensor):
             dtype=data.dtype, device=NEURON_DEVICES[device_index], requires_grad=False)
         t._data = data
         t._device_index = device_index
+        return t
+
+    @classmethod
+    def deferred(cls, size, stride, offset, dtype, device_index: int) -> "NeuronTensor":
+        """A wrapper with this metadata whose value a later launch fills in."""
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, size, strides=stride, storage_offset=offset, dtype=dtype,
+            device=NEURON_DEVICES[device_index], requires_grad=False)
+        t._data = None
+        t._device_index = device_index
+        t._cell = DeferredCell()
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -87,6 +109,27 @@ class NeuronTensor(torch.Tensor):
                 (value, self.dtype, str(self.device), self.requires_grad))
 
 
+class DeferredCell:
+    """Where a launch leaves a deferred wrapper's value (or its error)."""
+
+    __slots__ = ("data", "error", "__weakref__")
+
+    def __init__(self):
+        self.data = None
+        self.error = None
+
+
+def resolve_data(t: NeuronTensor):
+    """t's host data, taking it from its cell if a launch has filled it; None if not (yet)."""
+    data = t._data
+    if data is None:
+        cell = t._cell
+        if cell is not None and cell.data is not None:
+            data = t._data = cell.data
+            t._cell = None
+    return data
+
+
 def _format(t: NeuronTensor) -> str:
     host = t.host_value().detach()
     contents = torch._tensor_str._tensor_str(host, len("tensor("))
@@ -106,7 +149,7 @@ def host_view(t: NeuronTensor) -> torch.Tensor:
     ordinary ops, and the few ops they let through (views, copy_, clone, mm and other BLAS ops
     that read the flags themselves) get the flags back here, in `unwrap`.
     """
-    data = t._data
+    data = resolve_data(t)
     if t.is_conj():
         data = data.conj()
     if t.is_neg():

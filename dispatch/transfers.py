@@ -9,14 +9,15 @@ from __future__ import annotations
 import torch
 
 from .context import CONTEXT
-from .kernels import run_kernel, wrap_new
-from .tensor import NeuronTensor, host_view
+from .kernels import deferred_value_error, run_kernel, wrap_new
+from .tensor import NeuronTensor, host_view, resolve_data
 
 aten = torch.ops.aten
 
 
 def to_host(t: NeuronTensor) -> torch.Tensor:
     """A fresh host copy of t's value (device -> host transfer)."""
+    _check_ready(t)
     data = t._data
     CONTEXT.runtime.transfer(t._device_index, data.nbytes)
     if t._math_bits:  # a conj/neg view: its value is the flagged data, resolved (Note [Math bits])
@@ -28,8 +29,17 @@ def _count(device_index: int) -> None:
     CONTEXT.ops[device_index] += 1
 
 
+def _check_ready(*tensors) -> None:
+    """Executors call transfers only once pending work ran; a value still missing then is
+    one whose launch failed, and reading it raises that launch's error."""
+    for t in tensors:
+        if isinstance(t, NeuronTensor) and resolve_data(t) is None:
+            raise deferred_value_error(t, "a copy")
+
+
 def to_copy(info, args, kwargs):
     src = args[0]
+    _check_ready(src)
     dev = kwargs.get("device")
     dev = src.device if dev is None else torch.device(dev)
     host_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")}
@@ -48,6 +58,7 @@ def to_copy(info, args, kwargs):
 
 def copy_(info, args, kwargs):
     dst, src = args[0], args[1]
+    _check_ready(dst, src)
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     dst_on = isinstance(dst, NeuronTensor)
     src_on = isinstance(src, NeuronTensor)
@@ -67,6 +78,7 @@ def copy_(info, args, kwargs):
 
 def local_scalar_dense(info, args, kwargs):
     t = args[0]
+    _check_ready(t)
     _count(t._device_index)
     CONTEXT.runtime.transfer(t._device_index, t._data.element_size())
     return t._data.item()
@@ -83,6 +95,10 @@ def _copy_from_kernel(src, dst, non_blocking=False):
     """PrivateUse1 kernel of aten::_copy_from, reached with the Python key excluded:
     `torch.tensor(data, device='neuron')` builds the data on the host and copies it over
     under that guard, so `copy_` never reaches `__torch_dispatch__`."""
+    # Reached without the executor (Python key excluded): drain held-back work first, so
+    # the source is computed and no pending op still reads the destination.
+    CONTEXT.executor.synchronize(None)
+    _check_ready(src, dst)
     dst_on, src_on = isinstance(dst, NeuronTensor), isinstance(src, NeuronTensor)
     source = host_view(src) if src_on else src  # Note [Math bits]
     target = host_view(dst) if dst_on else dst

@@ -1,0 +1,67 @@
+"""Finding the repeating unit of the op stream, incrementally, without markers.
+
+Each op is one interned key. For every live candidate period p we keep the run length of
+positions t with key[t] == key[t - p]; candidates are seeded from the last K positions of
+the current key. When a run reaches (repeats - 1) * p, the last p ops have been seen
+`repeats` times in a row: the period fires (once). The cost per op is O(K + live periods),
+independent of how long the window is.
+"""
+from __future__ import annotations
+
+_K = 8  # recent positions kept per key
+
+
+class PeriodDetector:
+    def __init__(self, min_len: int, max_len: int, repeats: int = 2):
+        self.min_len = min_len
+        self.max_len = max_len
+        self.repeats = repeats
+        self._keys: list[int] = []
+        self._base = 0  # stream position of _keys[0]
+        self._last: dict[int, list[int]] = {}
+        self._runs: dict[int, int] = {}
+
+    @property
+    def position(self) -> int:
+        """Stream position of the next key."""
+        return self._base + len(self._keys)
+
+    def push(self, key: int) -> int | None:
+        """Add one op's key; returns the period that just fired (the longest primitive one), or None."""
+        i = self.position
+        keys, base = self._keys, self._base
+        runs = {}
+        for p, r in self._runs.items():
+            j = i - p - base
+            if j >= 0 and keys[j] == key:
+                runs[p] = r + 1
+        recent = self._last.get(key)
+        if recent is None:
+            self._last[key] = [i]
+        else:
+            for j in recent:
+                p = i - j
+                if p <= self.max_len and p not in runs:
+                    runs[p] = 1
+            recent.append(i)
+            if len(recent) > _K:
+                del recent[0]
+        self._runs = runs
+        keys.append(key)
+        if len(keys) > 2 * self.repeats * self.max_len:
+            drop = len(keys) // 2
+            del keys[:drop]
+            self._base += drop
+        need = self.repeats - 1
+        fired = [p for p, r in runs.items() if r == p * need and p >= self.min_len]
+        if not fired:
+            return None
+        # The longest primitive period: a multiple of a period that holds (fired now or
+        # earlier) is that period repeated, not a new unit.
+        holding = [q for q, r in runs.items() if r >= q * need and q >= self.min_len]
+        primitive = [p for p in fired if not any(q < p and p % q == 0 for q in holding)]
+        return max(primitive) if primitive else None
+
+    def forget(self) -> None:
+        """Drop every live run (after a disruption the stream must repeat afresh)."""
+        self._runs = {}

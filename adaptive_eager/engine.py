@@ -1,0 +1,341 @@
+"""The adaptive executor: record the op stream, find what repeats, replay it as one launch.
+
+States (one engine, one state at a time, guarded by a lock):
+- RECORDING: no trace is being matched. Each op runs eagerly, goes into the history and
+  the period detector; if a cached trace starts with it, matching begins instead.
+- MATCHING: `self.pending` holds a trace and how far the stream has followed it. An op
+  that matches the next position is deferred; when the trace completes, it launches as one.
+
+Note [Sync points]: an op that must run now (a host read, a transfer, a data-dependent
+shape, a Python value result, a resize) launches whatever is pending first, then runs
+eagerly; matching continues after it with the rest of the trace. A mismatching op
+(divergence) launches the pending prefix, ends the match, and is handled afresh.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+
+import cachetools
+
+from dispatch import CONTEXT, Executor, NeuronTensor, classify
+from dispatch import transfers
+from dispatch.tensor import resolve_data
+from dispatch.kernels import run_kernel
+from dispatch.record import OpRecord
+
+from .config import EngineConfig
+from .detector import PeriodDetector
+from .pending import Pending, make_outputs
+from .trace import Trace, build_proto, build_trace, output_slots
+
+_RECENT = 20  # divergences and flushes kept for explain()
+
+
+class EngineCounters:
+    def __init__(self):
+        self.fused_launches = 0
+        self.fused_ops = 0
+        self.trace_hits = 0
+        self.divergences = 0
+        self.flushes: collections.Counter = collections.Counter()
+
+
+class _TraceCache(cachetools.LRUCache):
+    """Traces by key, least recently used evicted; keeps the index of first signatures."""
+
+    def __init__(self, maxsize: int):
+        super().__init__(maxsize)
+        self.by_start: dict[tuple, list[Trace]] = {}
+
+    def add(self, trace: Trace) -> None:
+        self[trace.key] = trace
+        starts = self.by_start.setdefault(trace.protos[0].signature, [])
+        starts.append(trace)
+        starts.sort(key=len, reverse=True)  # the longest match wins
+
+    def popitem(self):
+        key, trace = super().popitem()
+        starts = self.by_start.get(trace.protos[0].signature, [])
+        if trace in starts:
+            starts.remove(trace)
+        return key, trace
+
+
+class AdaptiveExecutor(Executor):
+    name = "adaptive"
+
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config or EngineConfig.from_env()
+        self._lock = threading.RLock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every trace and all history (pending work must have been launched)."""
+        cfg = self.config
+        self.cache = _TraceCache(cfg.cache_size)
+        self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_trace_len, cfg.repeats)
+        self.history: collections.deque = collections.deque(maxlen=2 * cfg.repeats * cfg.max_trace_len)
+        self.key_ids: dict[tuple, int] = {}
+        self.protos: dict[tuple, object] = {}
+        self.pending: Pending | None = None
+        self.position = 0  # stream position of the next op
+        self.counters = EngineCounters()
+        self.recent_divergences: collections.deque = collections.deque(maxlen=_RECENT)
+        self.recent_flushes: collections.deque = collections.deque(maxlen=_RECENT)
+        self.error: Exception | None = None
+        self._warned = False
+        self._enter_next: Trace | None = None
+
+    def reset_counters(self) -> None:
+        self.counters = EngineCounters()
+
+    # -- the Executor interface -----------------------------------------------------------
+    def execute(self, func, args, kwargs):
+        info = classify(func)
+        if info.decomposes:
+            out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        with self._lock:
+            if self.config.launch_blocking:
+                return self._run_now(info, args, kwargs)
+            if transfers.SPECIAL_OPS.get(func) is not None or info.is_host_read \
+                    or info.has_data_dependent_shape or info.may_resize:
+                return self._sync_op(info, args, kwargs)
+            try:
+                rec = OpRecord.from_call(func, args, kwargs)
+            except Exception:  # arguments we cannot describe (sparse layouts): run it now
+                return self._sync_op(info, args, kwargs)
+            if self.pending is not None or self._enter_next is not None:
+                out = self._continue_match(rec)
+                if out is not _NO_MATCH:
+                    return out
+            out = self._try_start(rec)
+            if out is not _NO_MATCH:
+                return out
+            return self._record_eager(info, rec, args, kwargs)
+
+    def read(self, t: NeuronTensor):
+        with self._lock:
+            self._flush("host read")
+            self._raise_error()
+        return transfers.to_host(t)
+
+    def synchronize(self, device_index) -> None:
+        with self._lock:
+            self._flush("synchronize")
+            self._raise_error()
+
+    # -- matching ---------------------------------------------------------------------------
+    def _continue_match(self, rec: OpRecord):
+        if self._enter_next is not None:
+            # A longer trace was just adopted: the stream is at its start now.
+            trace, self._enter_next = self._enter_next, None
+            self._flush("longer trace adopted")
+            self.pending = None
+            out = self._start(trace, rec)
+            if out is not _NO_MATCH or self.pending is None:
+                return out
+        p = self.pending
+        if p is None:
+            return _NO_MATCH
+        out = self._match_one(p, rec)
+        if out is _NO_MATCH:
+            self._diverge(p, rec)
+        return out
+
+    def _try_start(self, rec: OpRecord):
+        for trace in self.cache.by_start.get(rec.signature, ()):
+            out = self._start(trace, rec)
+            if out is not _NO_MATCH:
+                self.cache.get(trace.key)  # touch: recently used
+                return out
+        return _NO_MATCH
+
+    def _start(self, trace: Trace, rec: OpRecord):
+        if trace.protos[0].signature != rec.signature:
+            return _NO_MATCH
+        p = Pending(trace, self.position)
+        out = self._match_one(p, rec)
+        if out is not _NO_MATCH:
+            self.pending = p
+            if p.complete:
+                self._complete(p)
+        return out
+
+    def _match_one(self, p: Pending, rec: OpRecord):
+        k = p.pos
+        trace = p.trace
+        proto = trace.protos[k]
+        if proto.signature != rec.signature:
+            return _NO_MATCH
+        values = rec.values
+        bound = list(values)
+        producers = []
+        base = p.base
+        for s, ref in enumerate(trace.inputs[k]):
+            v = values[s]
+            prod = v._producer if isinstance(v, NeuronTensor) else None
+            producers.append(prod)
+            if ref is None:
+                if prod is not None and prod[0] >= base or isinstance(v, NeuronTensor) and resolve_data(v) is None:
+                    return _NO_MATCH  # produced inside this trace, or a value that never arrived
+            else:
+                if prod is None or prod[1] != ref[1] or prod[0] != p.positions[ref[0]]:
+                    return _NO_MATCH
+                bound[s] = None  # bound by position at launch, not held
+        position = self._advance(proto, producers)
+        p.positions.append(position)  # sync ops may sit between trace ops in the stream
+        out, refs = make_outputs(proto, values, position)
+        p.bound.append(bound)
+        p.outs.append(refs)
+        p.pos += 1
+        CONTEXT.ops[proto.device] += 1
+        if p.complete and p is self.pending:
+            self._complete(p)
+        return out
+
+    def _complete(self, p: Pending) -> None:
+        p.trace.hits += 1
+        self.counters.trace_hits += 1
+        self._launch(p)
+        self.pending = None
+
+    def _diverge(self, p: Pending, rec: OpRecord) -> None:
+        expected = p.trace.protos[p.pos]
+        self.counters.divergences += 1
+        p.trace.divergences += 1
+        self.recent_divergences.append(
+            f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: expected {expected.name}, "
+            f"got {OpRecord.name.fget(rec)}")
+        self._flush("divergence")
+        self.pending = None
+
+    # -- launching --------------------------------------------------------------------------
+    def _launch(self, p: Pending) -> None:
+        try:
+            n = p.launch(self)
+        except Exception as exc:
+            self.error = exc
+            self.pending = None
+            return
+        if n:
+            self.counters.fused_launches += 1
+            self.counters.fused_ops += n
+
+    def _flush(self, reason: str) -> None:
+        """Launch everything pending; matching (if any) continues after the launched prefix."""
+        p = self.pending
+        if p is None or p.done == p.pos:
+            return
+        self.counters.flushes[reason] += 1
+        self.recent_flushes.append(f"{reason}: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
+        self._launch(p)
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+    # -- ops that run now -------------------------------------------------------------------
+    def _sync_op(self, info, args, kwargs):
+        self._flush(f"sync: {info.name}")
+        self._raise_error()
+        out = self._run_now(info, args, kwargs)
+        try:
+            rec = OpRecord.from_call(info.op, args, kwargs)
+        except Exception:  # undescribable arguments: the op stays out of the history
+            self.detector.forget()
+            return out
+        self._advance(self._proto(info, rec, out, args, kwargs, barrier=True), ())
+        return out
+
+    def _run_now(self, info, args, kwargs):
+        special = transfers.SPECIAL_OPS.get(info.op)
+        return special(info, args, kwargs) if special is not None else run_kernel(info, args, kwargs)
+
+    def _record_eager(self, info, rec: OpRecord, args, kwargs):
+        if self.pending is not None:  # an op between a sync and the trace's rest: launch first
+            self._flush("divergence")
+            self.pending = None
+        out = run_kernel(info, args, kwargs)
+        try:
+            proto = self._proto(info, rec, out, args, kwargs, barrier=False)
+            producers = tuple(v._producer if isinstance(v, NeuronTensor) else None for v in rec.values)
+            position = self._advance(proto, producers)
+            for slot, o in enumerate(output_slots(info, out, args, kwargs)):
+                if isinstance(o, NeuronTensor):
+                    o._producer = (position, slot)
+        except Exception as exc:
+            self._warn(exc)
+        return out
+
+    def _proto(self, info, rec, out, args, kwargs, barrier: bool):
+        proto = self.protos.get(rec.signature)
+        if proto is None:
+            device = next((v._device_index for v in rec.values if isinstance(v, NeuronTensor)),
+                          CONTEXT.runtime.current_index)
+            proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs, device, barrier)
+        return proto
+
+    # -- history and detection ----------------------------------------------------------------
+    def _advance(self, proto, producers) -> int:
+        """Append one op to the history; adopt traces when a period fires. Returns its position."""
+        position = self.position
+        self.position += 1
+        self.history.append((position, proto, producers))
+        key = self.key_ids.get(proto.signature)
+        if key is None:
+            if len(self.key_ids) > 1_000_000:  # never-repeating streams: keep memory bounded
+                self.key_ids.clear()
+                self.protos.clear()
+            key = self.key_ids[proto.signature] = len(self.key_ids)
+        period = self.detector.push(key)
+        if period is not None:
+            self._adopt(period)
+        return position
+
+    def _adopt(self, period: int) -> None:
+        """The last `period` ops repeated: cache them as traces (split at sync points)."""
+        entries = list(self.history)[-2 * period:]
+        if len(entries) < 2 * period:
+            return
+        window = entries[period:]
+        barriers = [i for i, e in enumerate(window) if e[1].barrier]
+        if barriers:
+            # Rotate so the window starts right after a sync point (the stream's own cut).
+            shift = barriers[0] + 1
+            window = entries[shift:shift + period]
+            segments, run = [], []
+            for e in window:
+                if e[1].barrier:
+                    segments.append(run)
+                    run = []
+                else:
+                    run.append(e)
+            segments.append(run)
+            minimum = self.config.min_trace_len_between_syncs
+        else:
+            segments, minimum = [window], self.config.min_trace_len
+        for seg in segments:
+            if len(seg) < minimum or any(e[1].device != seg[0][1].device for e in seg):
+                continue
+            trace = build_trace(seg)
+            if trace.key in self.cache:
+                continue
+            self.cache.add(trace)
+            if not barriers:
+                self._enter_next = trace
+
+    # -- failures of the engine itself ------------------------------------------------------------
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"adaptive-eager: the engine failed ({type(exc).__name__}: {exc}); "
+                          f"the affected ops run eagerly. Results stay correct.", RuntimeWarning, stacklevel=3)
+
+
+
+_NO_MATCH = object()

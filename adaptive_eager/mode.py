@@ -1,0 +1,59 @@
+"""Choosing how ops reach the device: op by op ('eager') or adaptively ('adaptive')."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from dispatch import CONTEXT, EagerExecutor, install_executor
+
+from .engine import AdaptiveExecutor
+
+MODES = ("eager", "adaptive")
+
+
+class ModeSwitch:
+    """Owns the two executors; the engine keeps its traces across switches."""
+
+    def __init__(self):
+        self.eager = EagerExecutor()
+        self.adaptive = AdaptiveExecutor()
+
+    def get(self) -> str:
+        return "adaptive" if CONTEXT.executor is self.adaptive else "eager"
+
+    def set(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; use one of {MODES} (or NEURON_ADAPTIVE_EAGER=0/1)")
+        target = self.adaptive if mode == "adaptive" else self.eager
+        if CONTEXT.executor is target:
+            return
+        CONTEXT.executor.synchronize(None)  # nothing held back may outlive its executor
+        install_executor(target)
+
+    @staticmethod
+    def default_from_env() -> str:
+        raw = os.environ.get("NEURON_ADAPTIVE_EAGER", "1").strip().lower()
+        return "eager" if raw in ("0", "false", "no", "off") else "adaptive"
+
+
+SWITCH = ModeSwitch()
+
+
+def set_mode(mode: str) -> None:
+    """'adaptive' (the default) fuses repeating op sequences; 'eager' runs op by op."""
+    SWITCH.set(mode)
+
+
+def get_mode() -> str:
+    return SWITCH.get()
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    """`with adaptive_eager.mode('eager'):` runs a block in that mode, then switches back."""
+    previous = get_mode()
+    set_mode(name)
+    try:
+        yield
+    finally:
+        set_mode(previous)

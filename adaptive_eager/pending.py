@@ -1,0 +1,163 @@
+"""A trace being matched: the ops deferred so far, and their launch (replay).
+
+Note [Deferred values]: outputs handed to the user while a trace is matched are wrappers
+with `_data = None` (dispatch.NeuronTensor.deferred). We hold them only through weak
+references: a strong reference changes autograd's reference-count decisions (whether
+AccumulateGrad steals a gradient), and with them the op stream itself. Inputs from outside
+the trace are held strongly until the launch, as a device queue holds its arguments.
+Values produced inside the trace are bound by position, never by object.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from dispatch import CONTEXT, NeuronTensor
+from dispatch.kernels import has_normal_tensor, op_flops, run_on_host
+from dispatch.record import _rebind
+from dispatch.tensor import resolve_data
+
+from .trace import Trace, flat_tensors, written_inputs
+
+_INTERNAL = object()  # placeholder of a value bound by position
+
+
+class Pending:
+    def __init__(self, trace: Trace, base: int):
+        self.trace = trace
+        self.base = base  # stream position of the trace's first op
+        self.pos = 0  # next op expected
+        self.done = 0  # ops already launched (a sync mid-trace launches the prefix)
+        self.positions: list[int] = []  # stream position of each matched op
+        self.bound: list[list] = []  # per matched op: values, internal ones replaced
+        self.outs: list[list] = []  # per matched op: weakrefs to new output wrappers (or None)
+        self.results: list = [None] * len(trace)  # host outputs of launched ops, while needed
+
+    @property
+    def complete(self) -> bool:
+        return self.pos == len(self.trace)
+
+    def launch(self, engine) -> int:
+        """Run ops [done, pos) on the host as one launch; returns how many ran.
+
+        Raises the failing op's error after marking every value that depended on it.
+        """
+        start, end = self.done, self.pos
+        if start == end:
+            return 0
+        trace, runtime = self.trace, CONTEXT.runtime
+        device = trace.device
+        memory = runtime.devices[device].memory
+        cost = 0.0
+        k = start
+        try:
+            for k in range(start, end):
+                cost += self._run_one(k, memory, runtime)
+        except Exception as exc:  # the op's own error: raised at the sync point
+            runtime.launch(device, cost, num_ops=k - start)
+            raise self._fail(k, exc) from exc
+        self.done = end
+        runtime.launch(device, cost, num_ops=end - start)
+        if end == len(trace):
+            self.results = []
+        return end - start
+
+    def _run_one(self, k: int, memory, runtime) -> float:
+        trace = self.trace
+        proto = trace.protos[k]
+        refs = trace.inputs[k]
+        bound = self.bound[k]
+        results = self.results
+        values = []
+        in_bytes = 0
+        for ref, v in zip(refs, bound):
+            if ref is not None:
+                v = results[ref[0]][ref[1]]
+            elif isinstance(v, NeuronTensor):
+                v = resolve_data(v)
+                in_bytes += v.nbytes  # only inputs from outside the launch cost HBM traffic
+            values.append(v)
+        args = tuple(_rebind(t, values) for t in proto.args_t)
+        kwargs = {name: _rebind(t, values) for name, t in proto.kwargs_t.items()}
+        out = run_on_host(proto.info, proto.device, args, kwargs)
+        flat = flat_tensors(out)
+        if not flat and out is None and proto.info.mutates:
+            flat = written_inputs(proto.info, args, kwargs)
+        results[k] = flat
+        out_bytes = 0
+        for slot, ref in enumerate(self.outs[k]):
+            if ref is None:
+                continue
+            host = flat[slot]
+            memory.track(host.untyped_storage())
+            cell = ref()
+            if cell is not None:  # its wrapper is alive: the value leaves the launch
+                _check_metadata(proto.out_specs[slot], host, proto)
+                cell.data = host
+                out_bytes += host.nbytes
+        for j in trace.last_use[k]:
+            if j < k:
+                results[j] = None  # Note [Deferred values]: dead intermediates are freed
+        dtype = next((v.dtype for v in values if isinstance(v, torch.Tensor)), torch.float32)
+        flops = op_flops(proto.info, args, kwargs, out)
+        return runtime.cost.op_us(flops, in_bytes + out_bytes, dtype)
+
+    def _fail(self, k: int, exc: Exception) -> Exception:
+        proto = self.trace.protos[k]
+        msg = (f"{proto.name} failed in a deferred launch (op {k + 1} of {len(self.trace)} of "
+               f"trace {self.trace.id}); every op before it ran, none after it. "
+               f"Set NEURON_LAUNCH_BLOCKING=1 to raise it where the op is issued. Cause: {exc}")
+        try:
+            err = type(exc)(msg)
+        except Exception:
+            err = RuntimeError(msg)
+        for outs in self.outs[k:]:
+            for ref in outs:
+                cell = ref() if ref is not None else None
+                if cell is not None:
+                    cell.error = err
+        self.pos = self.done = k  # nothing after the failed op will run
+        self.results = []
+        return err
+
+
+def _check_metadata(spec, host: torch.Tensor, proto) -> None:
+    # A deferred wrapper's metadata came from the cache; the launch must agree with it.
+    if tuple(host.shape) != spec[1] or host.stride() != spec[2] or host.dtype != spec[4]:
+        raise AssertionError(
+            f"adaptive engine bug: {proto.name} produced {tuple(host.shape)}/{host.stride()}/{host.dtype} "
+            f"but the cached trace promised {spec[1]}/{spec[2]}/{spec[4]}")
+
+
+def make_outputs(proto, values, stream_pos: int):
+    """The values a deferred op returns now: written inputs as themselves, new outputs as
+    deferred wrappers. Returns (return value, weakrefs of new outputs per slot)."""
+    objs, refs = [], []
+    device = proto.device
+    for slot, spec in enumerate(proto.out_specs):
+        if spec[0] == "alias":
+            o = values[spec[1]]
+            refs.append(None)
+        else:
+            o = _deferred_output(proto, spec, values, device)
+            refs.append(weakref.ref(o._cell))
+        o._producer = (stream_pos, slot)
+        objs.append(o)
+    return _fill(proto.ret_t, objs), refs
+
+
+def _deferred_output(proto, spec, values, device: int) -> NeuronTensor:
+    if proto.info.is_view and torch.is_inference_mode_enabled() and has_normal_tensor(values):
+        # As in eager dispatch: a view of a normal tensor stays a normal tensor.
+        with torch.inference_mode(False):
+            return NeuronTensor.deferred(spec[1], spec[2], spec[3], spec[4], device)
+    return NeuronTensor.deferred(spec[1], spec[2], spec[3], spec[4], device)
+
+
+def _fill(template, objs):
+    if template is None:
+        return None
+    if isinstance(template, int):
+        return objs[template]
+    return type(template)(_fill(t, objs) for t in template)
