@@ -86,7 +86,8 @@ class AdaptiveExecutor(Executor):
         self.recent_flushes: collections.deque = collections.deque(maxlen=_RECENT)
         self.error: Exception | None = None
         self._warned = False
-        self._enter_next: Trace | None = None
+        # (trace, stream position): a just-adopted trace takes over when the stream gets there
+        self._enter_at: tuple[Trace, int] | None = None
 
     def reset_counters(self) -> None:
         self.counters = EngineCounters()
@@ -108,7 +109,7 @@ class AdaptiveExecutor(Executor):
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe (sparse layouts): run it now
                 return self._sync_op(info, args, kwargs)
-            if self.pending is not None or self._enter_next is not None:
+            if self.pending is not None or self._enter_at is not None:
                 out = self._continue_match(rec)
                 if out is not _NO_MATCH:
                     return out
@@ -130,17 +131,26 @@ class AdaptiveExecutor(Executor):
 
     # -- matching ---------------------------------------------------------------------------
     def _continue_match(self, rec: OpRecord):
-        if self._enter_next is not None:
-            # A longer trace was just adopted: the stream is at its start now.
-            trace, self._enter_next = self._enter_next, None
-            self._flush("longer trace adopted")
-            self.pending = None
-            out = self._start(trace, rec)
-            if out is not _NO_MATCH or self.pending is None:
-                return out
+        if self._enter_at is not None and self._enter_at[1] <= self.position:
+            # A longer trace was just adopted, and the stream is at its start now.
+            (trace, at), self._enter_at = self._enter_at, None
+            if at == self.position:
+                self._flush("longer trace adopted")
+                self.pending = None
+                return self._start(trace, rec)
         p = self.pending
         if p is None:
             return _NO_MATCH
+        if p.done == p.pos:
+            # Right after a sync point: a cached trace that starts here and runs longer than
+            # the rest of this one is the better continuation (the sync is its boundary).
+            for trace in self.cache.by_start.get(rec.signature, ()):
+                if len(trace) > len(p.trace) - p.pos and trace is not p.trace:
+                    self.pending = None
+                    out = self._start(trace, rec)
+                    if out is not _NO_MATCH:
+                        return out
+                    self.pending = p
         out = self._match_one(p, rec)
         if out is _NO_MATCH:
             self._diverge(p, rec)
@@ -318,16 +328,21 @@ class AdaptiveExecutor(Executor):
             segments.append(run)
             minimum = self.config.min_trace_len_between_syncs
         else:
+            cut = _quietest_cut(entries, period)
+            window = entries[cut:cut + period]
             segments, minimum = [window], self.config.min_trace_len
         for seg in segments:
             if len(seg) < minimum or any(e[1].device != seg[0][1].device for e in seg):
                 continue
+            if _repeats_shorter_unit(seg, minimum):
+                continue  # k copies of a shorter unit: that unit's trace covers it
             trace = build_trace(seg)
             if trace.key in self.cache:
                 continue
             self.cache.add(trace)
             if not barriers:
-                self._enter_next = trace
+                # The stream is periodic: the trace's first op comes `cut` ops from now.
+                self._enter_at = (trace, self.position + cut)
 
     # -- failures of the engine itself ------------------------------------------------------------
     def _warn(self, exc: Exception) -> None:
@@ -339,3 +354,54 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+
+
+def _repeats_shorter_unit(seg, minimum: int) -> bool:
+    """True if the segment is several copies of a shorter op sequence (by signature).
+
+    Ten training steps between two `item()` calls form one period of the stream, but the
+    unit that repeats is the step."""
+    n = len(seg)
+    sigs = [e[1].signature for e in seg]
+    for q in range(minimum, n // 2 + 1):
+        if n % q == 0 and all(sigs[i] == sigs[i - q] for i in range(q, n)):
+            return True
+    return False
+
+
+def _quietest_cut(entries, period: int) -> int:
+    """Where to start a trace of a periodic stream: the cut with the fewest intermediate
+    values live across it (in every training loop studied, the step boundary). Tensors
+    updated in place (parameters, optimizer state) outlive every cut and do not count.
+    entries holds two periods; returns an offset in [0, period)."""
+    base = entries[0][0]
+    span: dict[tuple, tuple[int, int]] = {}  # value -> (producer offset, longest distance)
+    for t in range(period, 2 * period):
+        position = entries[t][0]
+        for prod in entries[t][2]:
+            if prod is None:
+                continue
+            distance = position - prod[0]
+            if 0 < distance < period and entries[prod[0] - base][1].out_specs[prod[1]][0] == "new":
+                a = (prod[0] - base) % period
+                old = span.get(prod)
+                if old is None or old[1] < distance:
+                    span[prod] = (a, distance)
+    live = [0] * (period + 1)  # difference array over cuts; a value spans cuts a+1..a+d
+    for a, d in span.values():
+        lo, hi = a + 1, a + d
+        if hi < period:
+            live[lo] += 1
+            live[hi + 1] -= 1
+        else:
+            if lo < period:
+                live[lo] += 1
+                live[period] -= 1
+            live[0] += 1
+            live[hi - period + 1] -= 1
+    best, best_count, running = 0, None, 0
+    for c in range(period):
+        running += live[c]
+        if best_count is None or running < best_count:
+            best, best_count = c, running
+    return best
