@@ -99,6 +99,9 @@ class Pending:
         for j in trace.last_use[k]:
             if j < k:
                 results[j] = None  # Note [Deferred values]: dead intermediates are freed
+        if not trace.consumed[k]:
+            results[k] = None  # read by no later op of the trace: only live wrappers keep it
+        self.bound[k] = None  # inputs from outside are released as soon as their op ran
         dtype = next((v.dtype for v in values if isinstance(v, torch.Tensor)), torch.float32)
         flops = op_flops(proto.info, args, kwargs, out)
         return runtime.cost.op_us(flops, in_bytes + out_bytes, dtype)

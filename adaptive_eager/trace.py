@@ -121,6 +121,8 @@ class Trace:
         self.hits = 0  # completed matches
         self.divergences = 0
         self.last_use = _last_uses(inputs, len(protos))
+        used = {ref[0] for refs in inputs for ref in refs if ref is not None}
+        self.consumed = [k in used for k in range(len(protos))]  # read by a later op of the trace
 
     def __len__(self):
         return len(self.protos)

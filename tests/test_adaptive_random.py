@@ -279,11 +279,12 @@ class _Gen:
         its = sorted(r.sample(range(1, 12), r.randint(1, 2)))
         return [f"if i in {tuple(its)}:  # divergent iteration", "    " + alt, "else:", f"    {name} = {x} + {y}"]
 
-    def statement(self):
+    def statement(self, pure_only: bool):
         r = self.rng
         makers = [(self.elementwise, 5), (self.scalar, 4), (self.reduction, 3), (self.matmul, 3),
-                  (self.inplace, 6), (self.carry, 1), (self.random_op, 2), (self.host_read, 2),
-                  (self.sync, 0.5), (self.h2d, 1), (self.divergent, 0.5)]
+                  (self.inplace, 6), (self.carry, 1), (self.random_op, 2)]
+        if not pure_only:
+            makers += [(self.host_read, 2), (self.sync, 0.5), (self.h2d, 1), (self.divergent, 0.5)]
         maker = r.choices([m for m, _ in makers], [w for _, w in makers])[0]
         return maker()
 
@@ -293,14 +294,7 @@ def generate(seed: int, style: str | None = None) -> Program:
     gen = _Gen(seed)
     r = gen.rng
     setup = gen.setup()
-    body = []
-    n = r.randint(3, 15)
-    while len(body) < n:
-        stmt = gen.statement()
-        if style == "pure" and (not gen.pure or gen.diverges):
-            gen.pure, gen.diverges = True, False
-            continue
-        body.append(stmt)
+    body = [gen.statement(pure_only=style == "pure") for _ in range(r.randint(3, 15))]
     reps = r.randint(3, 12) if style == "pure" else r.randint(2, 12)
     names = list(dict.fromkeys(list(gen.pool) + ["big"]))  # big: the base of big_even/big_hi
     return Program(seed, setup, body, reps, names, gen.diverges, gen.pure)
