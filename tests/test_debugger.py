@@ -104,3 +104,77 @@ def test_training_continues_after_the_debugger_with_cpu_results(sessions):
     cpu_after, neuron_after = sessions["cpu"][-1], sessions["neuron"][-1]
     assert cpu_after.startswith("AFTER ")
     assert neuron_after == cpu_after
+
+
+# -- in a training loop, adaptive mode -----------------------------------------------------
+
+LOOP_SCRIPT = textwrap.dedent('''
+    import json
+    import sys
+
+    import torch
+    import adaptive_eager
+    from torch import nn
+
+    STOP_AT = 6
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+            self.step = 0
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            if self.step == STOP_AT:
+                breakpoint()
+            return self.fc2(h)
+
+
+    torch.manual_seed(0)
+    model = Net().to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)).to("neuron")
+    launches, losses = [], []
+    for step in range(14):
+        model.step = step
+        before = adaptive_eager.stats().launches
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+        launches.append(adaptive_eager.stats().launches - before)
+    print("RESULT", json.dumps({"launches": launches, "losses": [l.item() for l in losses],
+                                "mode": adaptive_eager.get_mode()}))
+''')
+
+LOOP_COMMANDS = ["p h.sum().item()", "p h[0, :3].tolist()", "p self.fc1.weight[0, 0].item()", "c"]
+
+
+def _loop_session(tmp_path, mode_env: str) -> tuple[list[str], dict]:
+    import json
+
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP_SCRIPT)
+    env = dict(os.environ, PYTHONBREAKPOINT="pdb.set_trace", PYTHONUNBUFFERED="1",
+               NEURON_ADAPTIVE_EAGER=mode_env)
+    done = subprocess.run([sys.executable, "-u", str(script)], input="\n".join(LOOP_COMMANDS) + "\n",
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out, _, result = done.stdout.rpartition("RESULT ")
+    chunks = out.split("(Pdb) ")
+    assert len(chunks) == len(LOOP_COMMANDS) + 1, done.stdout
+    return [c.strip() for c in chunks[1:-1]], json.loads(result)
+
+
+def test_breakpoint_in_an_adaptive_loop_shows_eager_values_and_fusion_resumes(tmp_path):
+    eager_printed, eager = _loop_session(tmp_path, "0")
+    adaptive_printed, adaptive = _loop_session(tmp_path, "1")
+    assert (eager["mode"], adaptive["mode"]) == ("eager", "adaptive")
+    assert adaptive_printed == eager_printed and all(eager_printed)
+    assert adaptive["losses"] == eager["losses"]
+    # The debugger's reads cut the trace at step 6; within 3 steps it is back to one launch.
+    assert adaptive["launches"][3:6] == [1, 1, 1]
+    assert adaptive["launches"][6 + 3:] == [1] * (14 - 9), adaptive["launches"]

@@ -1,0 +1,130 @@
+"""Engine semantics that a training loop does not exercise: deferred errors, blocking
+launches, sync points mid-trace, the RNG order, snapshots of host data, threads."""
+import threading
+
+import pytest
+import torch
+
+import adaptive_eager
+from subproc import run_json
+
+STEPS = 6  # enough repetitions for a trace to be adopted and replayed
+
+
+@pytest.fixture(autouse=True)
+def _adaptive_mode():
+    previous = adaptive_eager.get_mode()
+    adaptive_eager.set_mode("adaptive")
+    yield
+    adaptive_eager.set_mode(previous)
+
+
+def _gather_step(x, idx):
+    y = x * 2
+    z = y.index_select(0, idx)
+    w = z + 1
+    return y, w.sum(0)
+
+
+def test_an_error_in_a_deferred_launch_raises_at_the_next_sync_point_with_the_op_name():
+    x = torch.arange(12.0).reshape(4, 3).to("neuron")
+    good = torch.tensor([0, 3]).to("neuron")
+    for _ in range(STEPS):
+        _gather_step(x, good)
+    assert adaptive_eager.stats().fused_launches > 0
+    bad = torch.tensor([0, 7]).to("neuron")  # same shape and dtype: the trace matches
+    y, w = _gather_step(x, bad)
+    with pytest.raises(IndexError, match="index_select"):
+        w.cpu()
+    # Every op before the failing one ran; the value that depended on it raises the same error.
+    assert torch.equal(y.cpu(), torch.arange(12.0).reshape(4, 3) * 2)
+    with pytest.raises(IndexError, match="index_select"):
+        w.cpu()
+    # The device stays usable: the next step gives the right answer.
+    y, w = _gather_step(x, good)
+    assert torch.equal(w.cpu(), (torch.arange(12.0).reshape(4, 3) * 2)[[0, 3]].add(1).sum(0))
+
+
+def test_launch_blocking_raises_at_the_call_site():
+    out = run_json("""
+        import torch, adaptive_eager
+        x = torch.arange(12.0).reshape(4, 3).to('neuron')
+        for i in range(8):
+            idx = torch.tensor([0, 3 if i < 7 else 9]).to('neuron')
+            try:
+                z = x.index_select(0, idx) * 2
+            except IndexError as e:
+                emit({'step': i, 'fused': adaptive_eager.stats().fused_launches})
+                break
+    """, env={"NEURON_LAUNCH_BLOCKING": "1"})
+    assert out == {"step": 7, "fused": 0}
+
+
+def test_a_host_read_mid_trace_launches_the_prefix_and_matching_continues():
+    x = torch.ones(8).to("neuron")
+    seen = []
+
+    def step(i):
+        a = x * 3
+        b = a + 1
+        if i >= STEPS:
+            seen.append(b.cpu().sum().item())  # a read in the middle of the (cached) trace
+        c = b * b
+        return c.mean()
+
+    for i in range(STEPS):
+        step(i)
+    adaptive_eager.reset_stats()
+    results = [step(STEPS + i) for i in range(3)]
+    assert [r.item() for r in results] == [16.0] * 3 and seen == [32.0] * 3
+    s = adaptive_eager.stats()
+    assert s.divergences == 0 and s.fused_launches >= 3
+
+
+def test_random_ops_draw_in_stream_order_in_both_modes():
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(7)
+        x = torch.ones(64).to("neuron")
+        outs = []
+        for i in range(STEPS + 2):
+            y = torch.nn.functional.dropout(x, 0.5) + torch.rand_like(x)
+            if i == STEPS:
+                y = y + torch.randn(64, device="neuron")  # a random factory between deferred ops
+            outs.append(y.sum())
+        return [o.item() for o in outs], torch.neuron.get_rng_state()
+
+    eager, adaptive = run("eager"), run("adaptive")
+    assert eager[0] == adaptive[0]
+    assert torch.equal(eager[1], adaptive[1])
+
+
+def test_host_to_device_copy_snapshots_the_host_data_when_issued():
+    host = torch.zeros(4)
+    outs = []
+    for i in range(STEPS + 2):
+        host.fill_(i)
+        d = host.to("neuron") * 2 + 1
+        host.fill_(-100)  # after the copy was issued: must not leak into the deferred ops
+        outs.append(d)
+    assert [o.cpu()[0].item() for o in outs] == [2.0 * i + 1 for i in range(STEPS + 2)]
+
+
+def test_ops_from_two_threads_are_correct():
+    errors = []
+
+    def work(seed):
+        try:
+            x = torch.full((16,), float(seed)).to("neuron")
+            for _ in range(20):
+                x = x * 1.0 + 1.0
+            assert x.cpu().eq(seed + 20).all()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
