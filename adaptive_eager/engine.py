@@ -28,9 +28,11 @@ from dispatch.record import OpRecord
 from .config import EngineConfig
 from .detector import PeriodDetector
 from .pending import Pending, make_outputs
-from .trace import Trace, build_proto, build_trace, output_slots
+from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
 
 _RECENT = 20  # divergences and flushes kept for explain()
+_MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
+
 
 
 class EngineCounters:
@@ -88,6 +90,11 @@ class AdaptiveExecutor(Executor):
         self._warned = False
         # (trace, stream position): a just-adopted trace takes over when the stream gets there
         self._enter_at: tuple[Trace, int] | None = None
+        # Detection pauses after this many ops in a row ran inside completed traces: by then
+        # a unit longer than every cached trace would have repeated twice and fired. The
+        # steady-state cost per op is then matching alone.
+        self._steady = 0
+        self._pause_after = _MIN_PAUSE_AFTER
 
     def reset_counters(self) -> None:
         self.counters = EngineCounters()
@@ -208,6 +215,7 @@ class AdaptiveExecutor(Executor):
         return out
 
     def _complete(self, p: Pending) -> None:
+        self._steady += len(p.trace)
         p.trace.hits += 1
         self.counters.trace_hits += 1
         self._launch(p)
@@ -222,6 +230,14 @@ class AdaptiveExecutor(Executor):
             f"got {OpRecord.name.fget(rec)}")
         self._flush("divergence")
         self.pending = None
+        self._resume_detection()
+
+    def _resume_detection(self) -> None:
+        """The stream left the cached traces: look for repetition again, from here on."""
+        if self._steady >= self._pause_after:
+            self.history.clear()
+            self.detector.forget()
+        self._steady = 0
 
     # -- launching --------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
@@ -254,6 +270,15 @@ class AdaptiveExecutor(Executor):
         self._flush(f"sync: {info.name}")
         self._raise_error()
         out = self._run_now(info, args, kwargs)
+        if info.may_resize:
+            # Its written tensors may have new sizes or storage: nothing may treat them as
+            # the trace values they were (a trace checks outside inputs' metadata afresh).
+            for t in written_inputs(info, args, kwargs):
+                if isinstance(t, NeuronTensor):
+                    t._producer = None
+        if self._steady >= self._pause_after:
+            self.position += 1
+            return out
         try:
             rec = OpRecord.from_call(info.op, args, kwargs)
         except Exception:  # undescribable arguments: the op stays out of the history
@@ -271,6 +296,7 @@ class AdaptiveExecutor(Executor):
             self._flush("divergence")
             self.pending = None
         out = run_kernel(info, args, kwargs)
+        self._resume_detection()
         try:
             proto = self._proto(info, rec, out, args, kwargs, barrier=False)
             producers = tuple(v._producer if isinstance(v, NeuronTensor) else None for v in rec.values)
@@ -295,6 +321,8 @@ class AdaptiveExecutor(Executor):
         """Append one op to the history; adopt traces when a period fires. Returns its position."""
         position = self.position
         self.position += 1
+        if self._steady >= self._pause_after:
+            return position  # detection paused: the stream is fully covered by traces
         self.history.append((position, proto, producers))
         key = self.key_ids.get(proto.signature)
         if key is None:
@@ -340,6 +368,7 @@ class AdaptiveExecutor(Executor):
             if trace.key in self.cache:
                 continue
             self.cache.add(trace)
+            self._pause_after = max(self._pause_after, 4 * len(trace))
             if not barriers:
                 # The stream is periodic: the trace's first op comes `cut` ops from now.
                 self._enter_at = (trace, self.position + cut)
