@@ -112,6 +112,11 @@ class AdaptiveExecutor(Executor):
             if transfers.SPECIAL_OPS.get(func) is not None or info.is_host_read \
                     or info.has_data_dependent_shape or info.may_resize:
                 return self._sync_op(info, args, kwargs)
+            p = self.pending
+            if p is not None and p.done != p.pos and self._enter_at is None:
+                out = self._match_fast(p, func, args, kwargs)  # the steady-state path
+                if out is not _NO_MATCH:
+                    return out
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe (sparse layouts): run it now
@@ -182,28 +187,29 @@ class AdaptiveExecutor(Executor):
                 self._complete(p)
         return out
 
-    def _match_one(self, p: Pending, rec: OpRecord):
+    def _match_fast(self, p: Pending, func, args, kwargs):
+        """Match the next position with its generated matcher (compile.py)."""
         k = p.pos
         trace = p.trace
         proto = trace.protos[k]
-        if proto.signature != rec.signature:
+        if proto.info.op is not func:
             return _NO_MATCH
-        values = rec.values
+        values = trace.matchers[k](args, kwargs, p)
+        if values is None:
+            return _NO_MATCH
         bound = list(values)
-        producers = []
-        base = p.base
-        for s, ref in enumerate(trace.inputs[k]):
-            v = values[s]
-            prod = v._producer if isinstance(v, NeuronTensor) else None
-            producers.append(prod)
-            if ref is None:
-                if prod is not None and prod[0] >= base or isinstance(v, NeuronTensor) and resolve_data(v) is None:
-                    return _NO_MATCH  # produced inside this trace, or a value that never arrived
-            else:
-                if prod is None or prod[1] != ref[1] or prod[0] != p.positions[ref[0]]:
-                    return _NO_MATCH
-                bound[s] = None  # bound by position at launch, not held
-        position = self._advance(proto, producers)
+        for s in trace.internal_slots[k]:
+            bound[s] = None  # bound by position at launch, not held
+        return self._defer(p, proto, values, bound)
+
+    def _defer(self, p: Pending, proto, values, bound):
+        """Hand out the outputs of the matched op at p.pos; launch if the trace is complete."""
+        if self._steady >= self._pause_after:
+            position = self.position
+            self.position += 1
+        else:
+            producers = tuple(v._producer if isinstance(v, NeuronTensor) else None for v in values)
+            position = self._advance(proto, producers)
         p.positions.append(position)  # sync ops may sit between trace ops in the stream
         out, refs = make_outputs(proto, values, position)
         p.bound.append(bound)
@@ -213,6 +219,27 @@ class AdaptiveExecutor(Executor):
         if p.complete and p is self.pending:
             self._complete(p)
         return out
+
+    def _match_one(self, p: Pending, rec: OpRecord):
+        k = p.pos
+        trace = p.trace
+        proto = trace.protos[k]
+        if proto.signature != rec.signature:
+            return _NO_MATCH
+        values = rec.values
+        bound = list(values)
+        base = p.base
+        for s, ref in enumerate(trace.inputs[k]):
+            v = values[s]
+            prod = v._producer if isinstance(v, NeuronTensor) else None
+            if ref is None:
+                if prod is not None and prod[0] >= base or isinstance(v, NeuronTensor) and resolve_data(v) is None:
+                    return _NO_MATCH  # produced inside this trace, or a value that never arrived
+            else:
+                if prod is None or prod[1] != ref[1] or prod[0] != p.positions[ref[0]]:
+                    return _NO_MATCH
+                bound[s] = None  # bound by position at launch, not held
+        return self._defer(p, proto, values, bound)
 
     def _complete(self, p: Pending) -> None:
         self._steady += len(p.trace)

@@ -12,15 +12,17 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.utils.flop_counter import flop_registry
 
 from dispatch import CONTEXT, NeuronTensor
-from dispatch.kernels import has_normal_tensor, op_flops, run_on_host
+from dispatch.kernels import has_normal_tensor, op_flops
 from dispatch.record import _rebind
 from dispatch.tensor import resolve_data
 
-from .trace import Trace, flat_tensors, written_inputs
+from .trace import Trace
 
 _INTERNAL = object()  # placeholder of a value bound by position
+_FLOP_OPS = flop_registry  # ops torch has a FLOP formula for (matmuls, convolutions, attention)
 
 
 class Pending:
@@ -65,46 +67,53 @@ class Pending:
 
     def _run_one(self, k: int, memory, runtime) -> float:
         trace = self.trace
-        proto = trace.protos[k]
-        refs = trace.inputs[k]
-        bound = self.bound[k]
         results = self.results
-        values = []
-        in_bytes = 0
-        for ref, v in zip(refs, bound):
-            if ref is not None:
-                v = results[ref[0]][ref[1]]
-            elif isinstance(v, NeuronTensor):
-                v = resolve_data(v)
-                in_bytes += v.nbytes  # only inputs from outside the launch cost HBM traffic
-            values.append(v)
-        args = tuple(_rebind(t, values) for t in proto.args_t)
-        kwargs = {name: _rebind(t, values) for name, t in proto.kwargs_t.items()}
-        out = run_on_host(proto.info, proto.device, args, kwargs)
-        flat = flat_tensors(out)
-        if not flat and out is None and proto.info.mutates:
-            flat = written_inputs(proto.info, args, kwargs)
+        flat = trace.runners[k](self.bound[k], results)
         results[k] = flat
-        out_bytes = 0
         for slot, ref in enumerate(self.outs[k]):
             if ref is None:
                 continue
             host = flat[slot]
             memory.track(host.untyped_storage())
             cell = ref()
-            if cell is not None:  # its wrapper is alive: the value leaves the launch
-                _check_metadata(proto.out_specs[slot], host, proto)
+            if cell is not None:  # its wrapper is alive
                 cell.data = host
-                out_bytes += host.nbytes
+        cost = trace.op_costs[k]
+        if cost is None:
+            cost = trace.op_costs[k] = self._op_cost(k, flat, runtime)
         for j in trace.last_use[k]:
             if j < k:
                 results[j] = None  # Note [Deferred values]: dead intermediates are freed
         if not trace.consumed[k]:
             results[k] = None  # read by no later op of the trace: only live wrappers keep it
         self.bound[k] = None  # inputs from outside are released as soon as their op ran
-        dtype = next((v.dtype for v in values if isinstance(v, torch.Tensor)), torch.float32)
-        flops = op_flops(proto.info, args, kwargs, out)
-        return runtime.cost.op_us(flops, in_bytes + out_bytes, dtype)
+        return cost
+
+    def _op_cost(self, k: int, flat, runtime) -> float:
+        """Roofline µs of op k inside the launch, computed once: the signature fixes it.
+        Only bytes that cross the launch boundary count: inputs from outside, and outputs
+        that no later op of the trace reads (they leave the launch)."""
+        trace = self.trace
+        proto = trace.protos[k]
+        for slot, spec in enumerate(proto.out_specs):
+            if spec[0] == "new":
+                _check_metadata(spec, flat[slot], proto)
+        in_bytes, dtype = 0, None
+        for ref, v in zip(trace.inputs[k], self.bound[k]):
+            if ref is None and isinstance(v, NeuronTensor):
+                in_bytes += v.nbytes
+                dtype = dtype or v.dtype
+        out_bytes = 0 if trace.consumed[k] else sum(t.nbytes for t in flat)
+        values = [resolve_data(v) if isinstance(v, NeuronTensor) else v for v in self.bound[k]]
+        flops = 0
+        if proto.info.op._overloadpacket in _FLOP_OPS:
+            for ref, s in zip(trace.inputs[k], range(len(values))):
+                if ref is not None:
+                    values[s] = self.results[ref[0]][ref[1]]
+            args = tuple(_rebind(t, values) for t in proto.args_t)
+            kwargs = {name: _rebind(t, values) for name, t in proto.kwargs_t.items()}
+            flops = op_flops(proto.info, args, kwargs, flat[0] if len(flat) == 1 else flat)
+        return runtime.cost.op_us(flops, in_bytes + out_bytes, dtype or torch.float32)
 
     def _fail(self, k: int, exc: Exception) -> Exception:
         proto = self.trace.protos[k]

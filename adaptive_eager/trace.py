@@ -121,6 +121,13 @@ class Trace:
         self.hits = 0  # completed matches
         self.divergences = 0
         self.last_use = _last_uses(inputs, len(protos))
+        # per op: value slots bound by position (not held while pending)
+        self.internal_slots = [[s for s, ref in enumerate(refs) if ref is not None] for refs in inputs]
+        from .compile import compile_matcher, compile_runner  # generated code of this trace
+
+        self.matchers = [compile_matcher(p, refs, len(refs)) for p, refs in zip(protos, inputs)]
+        self.runners = [compile_runner(p, refs) for p, refs in zip(protos, inputs)]
+        self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
         used = {ref[0] for refs in inputs for ref in refs if ref is not None}
         self.consumed = [k in used for k in range(len(protos))]  # read by a later op of the trace
 

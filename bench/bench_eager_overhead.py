@@ -18,6 +18,13 @@ DEVICES = ["cpu", "neuron"]
 COUNTED_STEPS = 10  # steps run once more, untimed, to read the per-step counters
 
 
+@pytest.fixture(autouse=True)
+def _eager_mode():
+    """This file measures the eager path: op by op, whatever the default mode is."""
+    with adaptive_eager.mode("eager"):
+        yield
+
+
 def _attach_counters(benchmark, device: str, step) -> None:
     """Run `step` COUNTED_STEPS times from zeroed counters and attach the per-step figures."""
     torch.neuron.synchronize()
