@@ -109,8 +109,8 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             if self.config.launch_blocking:
                 return self._run_now(info, args, kwargs)
-            if transfers.SPECIAL_OPS.get(func) is not None or info.is_host_read \
-                    or info.has_data_dependent_shape or info.may_resize:
+            if info.is_host_read or info.has_data_dependent_shape or info.may_resize or (
+                    func in transfers.SPECIAL_OPS and not transfers.stays_on_device(func, args, kwargs)):
                 return self._sync_op(info, args, kwargs)
             p = self.pending
             if p is not None and p.done != p.pos and self._enter_at is None:

@@ -84,6 +84,22 @@ def local_scalar_dense(info, args, kwargs):
     return t._data.item()
 
 
+def stays_on_device(func, args, kwargs) -> bool:
+    """True for a copy op that is really a kernel on one device (a dtype cast, a copy
+    between two tensors of the same device): an executor may hold it back like any op."""
+    if func is aten._to_copy.default:
+        dev = kwargs.get("device")
+        if dev is None:
+            return True
+        dev = torch.device(dev)
+        return dev.type == "neuron" and CONTEXT.runtime.check_index(dev.index) == args[0]._device_index
+    if func is aten.copy_.default:
+        dst, src = args[0], args[1]
+        return (isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor)
+                and dst._device_index == src._device_index and not dst._math_bits and not src._math_bits)
+    return False
+
+
 SPECIAL_OPS = {
     aten._to_copy.default: to_copy,
     aten.copy_.default: copy_,
