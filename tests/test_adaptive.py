@@ -183,3 +183,31 @@ def test_mode_switch_and_block_mode():
     assert adaptive_eager.get_mode() == "adaptive"
     with pytest.raises(ValueError, match="unknown mode 'lazy'"):
         adaptive_eager.set_mode("lazy")
+
+
+def _amp_loop(mode, steps=10):
+    adaptive_eager.set_mode(mode)
+    torch.manual_seed(0)
+    net = _mlp().to("neuron")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("neuron")
+    x, y = _batches("mlp", 1, "neuron")[0]
+    losses, launches = [], []
+    for _ in range(steps):
+        before = adaptive_eager.stats().launches
+        with torch.autocast("neuron", dtype=torch.float16):
+            loss = F.cross_entropy(net(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)  # reads found_inf on the host every step
+        scaler.update()
+        opt.zero_grad()
+        losses.append(loss.detach())
+        launches.append(adaptive_eager.stats().launches - before)
+    return [l.item() for l in losses], [p.detach().cpu() for p in net.parameters()], launches
+
+
+def test_amp_with_gradscaler_matches_eager_and_fuses_around_its_host_read():
+    eager, adaptive = _amp_loop("eager"), _amp_loop("adaptive")
+    assert eager[0] == adaptive[0]
+    assert all(torch.equal(a, b) for a, b in zip(eager[1], adaptive[1]))
+    assert max(_steady(adaptive[2])) <= 2 < min(_steady(eager[2]))
