@@ -56,10 +56,10 @@ class PeriodDetector:
         fired = [p for p, r in runs.items() if r == p * need and p >= self.min_len]
         if not fired:
             return None
-        # The longest primitive period: a multiple of a period that holds (fired now or
-        # earlier) is that period repeated, not a new unit.
-        holding = [q for q, r in runs.items() if r >= q * need and q >= self.min_len]
-        primitive = [p for p in fired if not any(q < p and p % q == 0 for q in holding)]
+        # The longest primitive period: p is a shorter period q repeated only if its whole
+        # window is q-periodic (a step that merely ends in a repeated pair is not).
+        primitive = [p for p in fired
+                     if not any(q < p and p % q == 0 and r >= p - q for q, r in runs.items())]
         return max(primitive) if primitive else None
 
     def forget(self) -> None:
