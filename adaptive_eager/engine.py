@@ -353,7 +353,7 @@ class AdaptiveExecutor(Executor):
         self.history.append((position, proto, producers))
         key = self.key_ids.get(proto.signature)
         if key is None:
-            if len(self.key_ids) > 1_000_000:  # never-repeating streams: keep memory bounded
+            if len(self.key_ids) > 100_000:  # never-repeating streams: keep memory bounded
                 self.key_ids.clear()
                 self.protos.clear()
             key = self.key_ids[proto.signature] = len(self.key_ids)

@@ -123,10 +123,11 @@ class Trace:
         self.last_use = _last_uses(inputs, len(protos))
         # per op: value slots bound by position (not held while pending)
         self.internal_slots = [[s for s, ref in enumerate(refs) if ref is not None] for refs in inputs]
-        from .compile import compile_matcher, compile_runner  # generated code of this trace
-
-        self.matchers = [compile_matcher(p, refs, len(refs)) for p, refs in zip(protos, inputs)]
-        self.runners = [compile_runner(p, refs) for p, refs in zip(protos, inputs)]
+        # Generated code per position (compile.py), made on first use: a trace adopted but
+        # never entered (a run of the same program twice looks like one long period) costs
+        # nothing to generate.
+        self.matchers = _LazyCode(self, "matcher")
+        self.runners = _LazyCode(self, "runner")
         self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
         used = {ref[0] for refs in inputs for ref in refs if ref is not None}
         self.consumed = [k in used for k in range(len(protos))]  # read by a later op of the trace
@@ -137,6 +138,26 @@ class Trace:
     def describe(self) -> str:
         first, last = self.protos[0].name, self.protos[-1].name
         return f"trace {self.id}: {len(self)} ops, {first} ... {last}, hits {self.hits}"
+
+
+class _LazyCode:
+    """trace.matchers[k] / trace.runners[k]: generated on first access, then kept."""
+
+    __slots__ = ("trace", "kind", "code")
+
+    def __init__(self, trace: "Trace", kind: str):
+        self.trace, self.kind = trace, kind
+        self.code: list = [None] * len(trace.protos)
+
+    def __getitem__(self, k: int):
+        fn = self.code[k]
+        if fn is None:
+            from .compile import compile_matcher, compile_runner
+
+            proto, refs = self.trace.protos[k], self.trace.inputs[k]
+            fn = compile_matcher(proto, refs, len(refs)) if self.kind == "matcher" else compile_runner(proto, refs)
+            self.code[k] = fn
+        return fn
 
 
 def _last_uses(inputs, n: int) -> list[list[int]]:
