@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from device import NeuronConfigError
+from device.config import int_env
 
 
 @dataclasses.dataclass
@@ -20,21 +20,8 @@ class EngineConfig:
     def from_env(env=None) -> "EngineConfig":
         env = os.environ if env is None else env
         cfg = EngineConfig()
-        cfg.cache_size = _positive(env, "NEURON_TRACE_CACHE_SIZE", cfg.cache_size)
-        cfg.repeats = _positive(env, "NEURON_TRACE_REPEATS", cfg.repeats, minimum=2)
-        cfg.max_trace_len = _positive(env, "NEURON_MAX_TRACE_LEN", cfg.max_trace_len, minimum=2)
+        cfg.cache_size = int_env(env, "NEURON_TRACE_CACHE_SIZE", cfg.cache_size, 1)
+        cfg.repeats = int_env(env, "NEURON_TRACE_REPEATS", cfg.repeats, 2)
+        cfg.max_trace_len = int_env(env, "NEURON_MAX_TRACE_LEN", cfg.max_trace_len, 2)
         cfg.launch_blocking = env.get("NEURON_LAUNCH_BLOCKING", "0").strip() not in ("", "0")
         return cfg
-
-
-def _positive(env, key: str, default: int, minimum: int = 1) -> int:
-    raw = env.get(key)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise NeuronConfigError(f"{key}={raw!r} is not an integer; set an integer >= {minimum}.") from None
-    if value < minimum:
-        raise NeuronConfigError(f"{key}={value} is out of range; it must be >= {minimum}.")
-    return value

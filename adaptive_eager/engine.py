@@ -102,10 +102,9 @@ class AdaptiveExecutor(Executor):
     # -- the Executor interface -----------------------------------------------------------
     def execute(self, func, args, kwargs):
         info = classify(func)
-        if info.decomposes:
-            out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
+        out = self.decomposed(info, func, args, kwargs)
+        if out is not NotImplemented:
+            return out
         with self._lock:
             if self.config.launch_blocking:
                 return self._run_now(info, args, kwargs)

@@ -30,13 +30,13 @@ class DeviceConfig:
                 f"NEURON_PROFILE={name!r} is not a known device profile; "
                 f"use one of {sorted(PROFILES)}.")
         profile = PROFILES[name]
-        lnc = _int_env(env, "NEURON_LOGICAL_NC_CONFIG", 2, 1)
+        lnc = int_env(env, "NEURON_LOGICAL_NC_CONFIG", 2, 1)
         if profile.neuron_cores_per_chip % lnc:
             raise NeuronConfigError(
                 f"NEURON_LOGICAL_NC_CONFIG={lnc} must divide the {profile.neuron_cores_per_chip} "
                 f"NeuronCores of a {name} chip; use 1, 2, 4 or 8.")
         default_count = profile.neuron_cores_per_chip // lnc
-        count = _int_env(env, "NEURON_NUM_DEVICES", default_count, 1)
+        count = int_env(env, "NEURON_NUM_DEVICES", default_count, 1)
         default_capacity = profile.hbm_bytes_per_chip * lnc // profile.neuron_cores_per_chip
         capacity = _size_env(env, "NEURON_DEVICE_MEMORY", default_capacity)
         overhead = _float_env(env, "NEURON_LAUNCH_OVERHEAD_US", profile.launch_overhead_us)
@@ -44,7 +44,8 @@ class DeviceConfig:
         return DeviceConfig(profile, lnc, count, capacity, overhead, spend)
 
 
-def _int_env(env, key: str, default: int, minimum: int) -> int:
+def int_env(env, key: str, default: int, minimum: int) -> int:
+    """An integer setting >= minimum from env, or default when unset; clear errors otherwise."""
     raw = env.get(key)
     if raw is None or raw.strip() == "":
         return default

@@ -124,6 +124,15 @@ class Runtime:
         for hook in list(self._sync_hooks):
             hook(index)
 
+    def set_spend_launch_overhead(self, spend: bool) -> bool:
+        """Spend (True) or only model (False) the launch overhead from now on; returns the
+        previous setting. NEURON_SPEND_LAUNCH_OVERHEAD sets the initial value."""
+        previous = self.config.spend_launch_overhead
+        # The config is frozen (shared with the cost model); replace it rather than mutate.
+        # Only this flag changes, so the cost model built from the old config stays valid.
+        self.config = dataclasses.replace(self.config, spend_launch_overhead=bool(spend))
+        return previous
+
     def reset_counters(self) -> None:
         with self._launch_lock:
             for d in self.devices:

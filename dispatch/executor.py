@@ -30,6 +30,15 @@ class Executor(abc.ABC):
     def synchronize(self, device_index: int | None) -> None:
         """Run everything held back for the device (None: every device)."""
 
+    @staticmethod
+    def decomposed(info, func, args, kwargs):
+        """CompositeImplicitAutograd ops reach us whole only when autograd is skipped
+        (inference_mode): run their decomposition, as the autograd key would have.
+        NotImplemented if the op has none."""
+        if info.decomposes:
+            return func.decompose(*args, **kwargs)
+        return NotImplemented
+
 
 class EagerExecutor(Executor):
     """Op by op: every op is one launch the moment it is issued."""
@@ -38,10 +47,9 @@ class EagerExecutor(Executor):
 
     def execute(self, func, args, kwargs):
         info = classify(func)
-        if info.decomposes:
-            out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
+        out = self.decomposed(info, func, args, kwargs)
+        if out is not NotImplemented:
+            return out
         special = transfers.SPECIAL_OPS.get(func)
         if special is not None:
             return special(info, args, kwargs)
