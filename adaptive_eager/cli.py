@@ -47,6 +47,8 @@ class PhaseResult:
     wall_s_tail: float
     wall_s: float
     peak_memory_bytes: int
+    launches_per_step: list = dataclasses.field(default_factory=list)  # for --plot
+    stats: object = None  # adaptive_eager.Stats at the end of the run
 
 
 def _build(width: int, layers: int, classes: int, batch: int, data_on_device: bool):
@@ -76,9 +78,10 @@ def _train(mode: str, args) -> PhaseResult:
         adaptive_eager.reset_stats()
         model, opt, x, y = _build(args.width, args.layers, 10, args.batch, args.data == "device")
         tail_start = args.steps - args.tail
-        losses, mark, mark_time = [], None, None
+        losses, mark, mark_time, step_marks = [], None, None, []
         start = time.perf_counter()
         for step in range(args.steps):
+            step_marks.append(adaptive_eager.stats().launches)
             if step == tail_start:
                 mark, mark_time = adaptive_eager.stats(), time.perf_counter()
             loss = torch.nn.functional.cross_entropy(model(x.to("neuron")), y.to("neuron"))
@@ -98,7 +101,9 @@ def _train(mode: str, args) -> PhaseResult:
             launches_tail=end.launches - mark.launches, launches=total.launches,
             device_us_tail=end.device_time_us - mark.device_time_us, device_us=total.device_time_us,
             wall_s_tail=wall_end - mark_time, wall_s=wall_end - start,
-            peak_memory_bytes=total.peak_memory_bytes)
+            peak_memory_bytes=total.peak_memory_bytes, stats=total,
+            # the last step's launches include what its final synchronize ran
+            launches_per_step=[b - a for a, b in zip(step_marks, step_marks[1:] + [total.launches])])
     del model, opt, x, y, losses
     gc.collect()  # the next phase's peak memory must not include this one's tensors
     return result
@@ -193,12 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", choices=("device", "host"), default="device",
                    help="'device': the batch is moved to neuron once, before the loop (default); "
                         "'host': it is copied to neuron every step (a sync point each time)")
+    p.add_argument("--plot", metavar="FILE",
+                   help="write a PNG of launches per step and the device time split (needs matplotlib)")
     p.set_defaults(func=cmd_demo)
+    from . import run_cli
+
+    run_cli.add_parser(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from . import run_cli
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = run_cli.parse_args(build_parser(), argv)  # `run`: the script's argv goes through verbatim
     return args.func(args)
 
 

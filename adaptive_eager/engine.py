@@ -23,7 +23,7 @@ from dispatch import CONTEXT, Executor, NeuronTensor, classify
 from dispatch import transfers
 from dispatch.tensor import resolve_data
 from dispatch.kernels import run_kernel
-from dispatch.record import OpRecord
+from dispatch.record import OpRecord, user_source_line
 
 from .config import EngineConfig
 from .detector import PeriodDetector
@@ -210,6 +210,8 @@ class AdaptiveExecutor(Executor):
             producers = tuple(v._producer if isinstance(v, NeuronTensor) else None for v in values)
             position = self._advance(proto, producers)
         p.positions.append(position)  # sync ops may sit between trace ops in the stream
+        if p.trace.sources[p.pos] is None:
+            p.trace.sources[p.pos] = user_source_line() or "(autograd engine)"
         out, refs = make_outputs(proto, values, position)
         p.bound.append(bound)
         p.outs.append(refs)
@@ -251,9 +253,10 @@ class AdaptiveExecutor(Executor):
         expected = p.trace.protos[p.pos]
         self.counters.divergences += 1
         p.trace.divergences += 1
+        where = user_source_line() or "(autograd engine)"
         self.recent_divergences.append(
             f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: expected {expected.name}, "
-            f"got {OpRecord.name.fget(rec)}")
+            f"got {OpRecord.name.fget(rec)} at {where}")
         self._flush("divergence")
         self.pending = None
         self._resume_detection()

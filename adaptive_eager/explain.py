@@ -25,10 +25,12 @@ class TraceSummary:
     divergences: int  # matches abandoned at an op that differed
     first_op: str
     last_op: str
+    starts_at: str | None = None  # the user's source line of the first op (once matched)
 
     def __str__(self) -> str:
+        where = f"  starts at {self.starts_at}" if self.starts_at else ""
         return (f"trace {self.id:>4}: {self.length:>5} ops  hits {self.hits:>5}  "
-                f"divergences {self.divergences:>4}  {self.first_op} ... {self.last_op}")
+                f"divergences {self.divergences:>4}  {self.first_op} ... {self.last_op}{where}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,8 @@ def _cached_traces(cache) -> list:
 
 def _summary(trace) -> TraceSummary:
     return TraceSummary(id=trace.id, length=len(trace), hits=trace.hits, divergences=trace.divergences,
-                        first_op=trace.protos[0].name, last_op=trace.protos[-1].name)
+                        first_op=trace.protos[0].name, last_op=trace.protos[-1].name,
+                        starts_at=trace.sources[0])
 
 
 def _render(e: Explanation) -> list[str]:

@@ -117,8 +117,9 @@ class Pending:
 
     def _fail(self, k: int, exc: Exception) -> Exception:
         proto = self.trace.protos[k]
+        where = self.trace.sources[k]
         msg = (f"{proto.name} failed in a deferred launch (op {k + 1} of {len(self.trace)} of "
-               f"trace {self.trace.id}); every op before it ran, none after it. "
+               f"trace {self.trace.id}, issued at {where}); every op before it ran, none after it. "
                f"Set NEURON_LAUNCH_BLOCKING=1 to raise it where the op is issued. Cause: {exc}")
         try:
             err = type(exc)(msg)

@@ -129,6 +129,9 @@ class Trace:
         self.matchers = _LazyCode(self, "matcher")
         self.runners = _LazyCode(self, "runner")
         self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
+        # The user's source line of each op, taken the first time the op is matched (one
+        # stack walk per position, once): for errors in deferred launches and explain().
+        self.sources: list = [None] * len(protos)
         used = {ref[0] for refs in inputs for ref in refs if ref is not None}
         self.consumed = [k in used for k in range(len(protos))]  # read by a later op of the trace
 

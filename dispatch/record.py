@@ -282,6 +282,16 @@ def _user_frame(frame):
     return None
 
 
+def user_source_line(frame=None) -> str | None:
+    """'file:line in function' of the user's code calling into torch right now, or None
+    (no Python caller: an op autograd's engine issues). One short stack walk."""
+    where = _user_frame(frame or sys._getframe(1))
+    if where is None:
+        return None
+    code, line = where
+    return f"{_short_path(code.co_filename)}:{line} in {code.co_name}"
+
+
 def _short_path(filename: str) -> str:
     try:
         rel = os.path.relpath(filename)

@@ -34,7 +34,7 @@ def test_an_error_in_a_deferred_launch_raises_at_the_next_sync_point_with_the_op
     assert adaptive_eager.stats().fused_launches > 0
     bad = torch.tensor([0, 7]).to("neuron")  # same shape and dtype: the trace matches
     y, w = _gather_step(x, bad)
-    with pytest.raises(IndexError, match="index_select"):
+    with pytest.raises(IndexError, match=r"index_select.*issued at .*test_adaptive_semantics.py:\d+ in _gather_step"):
         w.cpu()
     # Every op before the failing one ran; the value that depended on it raises the same error.
     assert torch.equal(y.cpu(), torch.arange(12.0).reshape(4, 3) * 2)
@@ -128,3 +128,18 @@ def test_ops_from_two_threads_are_correct():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_explain_names_where_a_trace_starts_and_where_a_divergence_happened():
+    x = torch.ones(8).to("neuron")
+    for i in range(STEPS + 1):
+        y = x * 2
+        y = y + 1 if i < STEPS else y - 1  # the last step diverges here
+        y = y.sigmoid()
+        y = y.exp()
+    torch.neuron.synchronize()
+    report = adaptive_eager.explain()
+    ours = [t for t in report.traces if t.starts_at and "test_adaptive_semantics.py" in t.starts_at]
+    assert ours and "test_explain_names_where" in ours[-1].starts_at
+    assert "test_adaptive_semantics.py" in report.recent_divergences[-1]
+    assert "expected aten.add.Tensor, got aten.sub.Tensor" in report.recent_divergences[-1]
