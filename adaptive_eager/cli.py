@@ -154,6 +154,14 @@ def cmd_demo(args) -> int:
     if args.steps < 2:
         print(f"--steps {args.steps}: use at least 2 steps (the engine needs a repeat to fuse).")
         return 2
+    if args.plot:
+        from .plot import PlotError, require_matplotlib
+
+        try:
+            require_matplotlib(args.plot)  # before training, not after it
+        except PlotError as e:
+            print(f"adaptive-eager demo: {e}", file=sys.stderr)
+            return 2
     args.tail = max(1, min(10, args.steps // 2))
     props = torch.neuron.get_device_properties(0)
     print(f"demo: MLP {args.layers} layers of width {args.width}, batch {args.batch}, AdamW, "
@@ -169,6 +177,11 @@ def cmd_demo(args) -> int:
     print(f"launch overhead: {props.launch_overhead_us:g} us per launch (modelled; "
           f"NEURON_LAUNCH_OVERHEAD_US); profile {props.profile}")
     print(f"engine: {adaptive_eager.stats().traces} traces cached; adaptive_eager.explain() tells more")
+    if args.plot:
+        from .plot import write_demo_plot
+
+        write_demo_plot(args.plot, results, args)
+        print(f"plot written to {args.plot}")
     if eager.losses != adaptive.losses or not _bit_identical(eager.params, adaptive.params):
         print("error: adaptive mode did not reproduce eager mode bit for bit; this is an engine bug, "
               "please report it with this output (NEURON_ADAPTIVE_EAGER=0 works around it).",
@@ -204,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import run_cli
 
     run_cli.add_parser(sub)
+    from . import bench_cli
+
+    bench_cli.add_parser(sub)
     return parser
 
 

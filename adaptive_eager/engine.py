@@ -32,6 +32,9 @@ from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
 
 _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
+_NOVELTY_WINDOW = 1024  # recorded ops per novelty check (see _count_novelty)
+_NOVELTY_SAMPLE = 256  # recorded ops per check once backing off
+_MAX_BACKOFF = 65536  # longest stretch run without recording
 
 
 
@@ -95,6 +98,10 @@ class AdaptiveExecutor(Executor):
         # steady-state cost per op is then matching alone.
         self._steady = 0
         self._pause_after = _MIN_PAUSE_AFTER
+        # Novelty backoff (see _count_novelty): ops left to run without recording.
+        self._backoff = 0
+        self._backoff_len = _NOVELTY_WINDOW
+        self._window_ops = self._window_novel = self._novel_windows = 0
 
     def reset_counters(self) -> None:
         self.counters = EngineCounters()
@@ -112,6 +119,8 @@ class AdaptiveExecutor(Executor):
                     func in transfers.SPECIAL_OPS and not transfers.stays_on_device(func, args, kwargs)):
                 return self._sync_op(info, args, kwargs)
             p = self.pending
+            if self._backoff and p is None and self._enter_at is None:
+                return self._run_backing_off(info, args, kwargs)
             if p is not None and p.done != p.pos and self._enter_at is None:
                 out = self._match_fast(p, func, args, kwargs)  # the steady-state path
                 if out is not _NO_MATCH:
@@ -337,8 +346,36 @@ class AdaptiveExecutor(Executor):
             self._warn(exc)
         return out
 
+    def _run_backing_off(self, info, args, kwargs):
+        """Plain eager, no recording: the stream showed no repetition lately."""
+        self._backoff -= 1
+        if not self._backoff:  # look again, from a clean history
+            self.history.clear()
+            self.detector.forget()
+        return run_kernel(info, args, kwargs)
+
+    def _count_novelty(self, new_signature: bool) -> None:
+        """Back off from recording while most ops have never-seen signatures (shapes that
+        never repeat): recording them costs ~1.5x eager and cannot find a trace."""
+        self._window_ops += 1
+        self._window_novel += new_signature
+        # After a backoff, a short sample decides whether the stream is still new.
+        if self._window_ops < (_NOVELTY_SAMPLE if self._novel_windows >= 2 else _NOVELTY_WINDOW):
+            return
+        if 4 * self._window_novel > self._window_ops:  # over a quarter never seen before
+            self._novel_windows += 1
+            if self._novel_windows >= 2:  # a program's first ops are all new: not a sign
+                self._backoff = self._backoff_len
+                self._backoff_len = min(4 * self._backoff_len, _MAX_BACKOFF)
+        else:
+            self._novel_windows = 0
+            self._backoff_len = _NOVELTY_WINDOW
+        self._window_ops = self._window_novel = 0
+
     def _proto(self, info, rec, out, args, kwargs, barrier: bool):
         proto = self.protos.get(rec.signature)
+        if not barrier:
+            self._count_novelty(proto is None)
         if proto is None:
             device = next((v._device_index for v in rec.values if isinstance(v, NeuronTensor)),
                           CONTEXT.runtime.current_index)

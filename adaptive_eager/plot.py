@@ -49,9 +49,9 @@ def _split_bars(ax, labels: list[str], splits: list[dict], unit: str) -> None:
         share = split.get("launch overhead", 0.0) / total if total else 0.0
         ax.annotate(f"{total:,.1f} {unit}  ({share:.0%} launch overhead)", (total, y),
                     xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
-    ax.set_xlim(0, max(left, default=1.0) * 1.6 or 1.0)  # room for the annotation
+    ax.set_xlim(0, max(left, default=1.0) * 1.8 or 1.0)  # room for the annotation
     ax.set_xlabel(f"emulated device time ({unit})")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)  # below: clear of the bars
 
 
 def plot_run(path: str, title: str, stats, split: dict) -> None:
@@ -64,13 +64,15 @@ def plot_run(path: str, title: str, stats, split: dict) -> None:
     names = ["ops", "launches"]
     fused = [stats.fused_ops, stats.fused_launches]
     other = [max(0, stats.ops - stats.fused_ops), max(0, stats.launches - stats.fused_launches)]
-    count_ax.bar(names, other, color="#ff7f0e", label="one op per launch (eager path)")
-    count_ax.bar(names, fused, bottom=other, color="#1f77b4", label="in fused launches")
-    for x, total in enumerate(a + b for a, b in zip(fused, other)):
+    count_ax.bar(names, other, color="#ff7f0e", label="not fused (one op per launch, or no launch)")
+    count_ax.bar(names, fused, bottom=other, color="#1f77b4", label="fused")
+    totals = [a + b for a, b in zip(fused, other)]
+    for x, total in enumerate(totals):
         count_ax.annotate(f"{total:,}", (x, total), xytext=(0, 2), textcoords="offset points",
                           ha="center", fontsize=8)
+    count_ax.set_ylim(0, max(totals, default=1) * 1.35 or 1)  # room for the legend above the bars
     count_ax.set_title("ops and the launches that ran them", fontsize=9)
-    count_ax.legend(fontsize=8)
+    count_ax.legend(loc="upper right", fontsize=8)
     fig.savefig(path, dpi=110)
 
 
@@ -87,6 +89,9 @@ def plot_demo(path: str, title: str, launches_per_step: dict, splits_per_step: d
     # symlog because a step may end with its fused launch still pending (0 launches).
     steps_ax.set_yscale("symlog", linthresh=1)
     steps_ax.set_ylim(bottom=0)
+    from matplotlib.ticker import ScalarFormatter
+
+    steps_ax.yaxis.set_major_formatter(ScalarFormatter())  # 1, 10, 100 rather than 10^0 ...
     steps_ax.set_xlabel("training step")
     steps_ax.set_ylabel("kernel launches in the step")
     steps_ax.set_title("launches per step: warm-up, then steady state", fontsize=9)
@@ -96,3 +101,15 @@ def plot_demo(path: str, title: str, launches_per_step: dict, splits_per_step: d
     _split_bars(time_ax, modes, [splits_per_step[m] for m in modes], "us/step")
     time_ax.set_title("device time per step (whole run)", fontsize=9)
     fig.savefig(path, dpi=110)
+
+
+def write_demo_plot(path: str, results: dict, args) -> None:
+    """The demo's picture from its PhaseResults (mode -> result), one per mode."""
+    from .run_cli import device_time_split
+
+    launches = {mode: r.launches_per_step for mode, r in results.items()}
+    splits = {mode: {part: us / r.steps for part, us in device_time_split(r.stats).items()}
+              for mode, r in results.items()}
+    title = (f"adaptive-eager demo: MLP {args.layers}x{args.width}, batch {args.batch}, AdamW, "
+             f"{args.steps} steps per mode")
+    plot_demo(path, title, launches, splits)

@@ -171,7 +171,7 @@ class RunReport:
 
         s, total = self.stats, self.stats.device_time_us
         per_launch = f"{s.ops / s.launches:.2f} ops per launch" if s.launches else "no launch"
-        parts = ", ".join(f"{name} {us:,.1f} us ({us / total:.0%})" if total else f"{name} 0 us"
+        parts = ", ".join(f"{name} {us:,.2f} us ({us / total:.0%})" if total else f"{name} 0 us"
                           for name, us in self.split.items())
         rule = "=" * 72
         return [

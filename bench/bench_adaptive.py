@@ -62,3 +62,36 @@ def test_mlp_train_step(benchmark, target):
                 peak_device_memory_bytes=s.peak_memory_bytes,
                 launch_overhead_us_setting=torch.neuron.get_device_properties(0).launch_overhead_us,
             )
+
+
+def _never_repeating_steps(device: str, steps: int):
+    """An MLP trained on a batch size that changes every step: no exact trace can match."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
+    opt = torch.optim.AdamW(model.parameters())
+    data = [(torch.randn(8 + i, 32, device=device), torch.randint(0, 10, (8 + i,), device=device))
+            for i in range(steps)]
+
+    def run():
+        for x, y in data:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        if device == "neuron":
+            torch.neuron.synchronize()
+    return run
+
+
+@pytest.mark.benchmark(group="never-repeating: 400 steps, batch size changes every step")
+@pytest.mark.parametrize("target", TARGETS)
+def test_never_repeating_stream(benchmark, target):
+    """Adaptive mode must degrade to eager: at most 10% above it (issue 3)."""
+    device = "cpu" if target == "cpu" else "neuron"
+    mode = "adaptive" if target == "neuron-adaptive" else "eager"
+    with adaptive_eager.mode(mode):
+        adaptive_eager.reset_stats()
+        benchmark.pedantic(_never_repeating_steps(device, 400), rounds=1, iterations=1)
+        if device == "neuron":
+            s = adaptive_eager.stats()
+            benchmark.extra_info.update(mode=mode, ops=s.ops, launches=s.launches,
+                                        fused_launches=s.fused_launches)
