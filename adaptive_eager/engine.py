@@ -145,8 +145,11 @@ class AdaptiveExecutor(Executor):
         return transfers.to_host(t)
 
     def synchronize(self, device_index) -> None:
+        """An explicit sync ends the match, unlike a read: matching on after it would keep
+        the launched ops' results (device memory) until the trace's next op arrives."""
         with self._lock:
             self._flush("synchronize")
+            self.pending = None
             self._raise_error()
 
     # -- matching ---------------------------------------------------------------------------
