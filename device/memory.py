@@ -21,17 +21,10 @@ def format_bytes(n: int) -> str:
 
 
 class _StorageRef(weakref.ref):
-    """A weak reference to a tracked storage, with what it is charged."""
+    """A weak reference to a tracked storage, with what it is charged (`key`, `nbytes`,
+    set by the creator: no Python __init__ on this per-allocation path)."""
 
     __slots__ = ("key", "nbytes")
-
-    def __new__(cls, storage, callback, key: int, nbytes: int):
-        return super().__new__(cls, storage, callback)
-
-    def __init__(self, storage, callback, key: int, nbytes: int):
-        super().__init__(storage, callback)
-        self.key = key
-        self.nbytes = nbytes
 
 
 class DeviceMemory:
@@ -84,7 +77,9 @@ class DeviceMemory:
                 return
             if self.allocated + nbytes > self.capacity:
                 self.reserve(nbytes)  # raises
-            self._live[key] = _StorageRef(storage, self._on_free, key, nbytes)
+            ref = self._live[key] = _StorageRef(storage, self._on_free)
+            ref.key = key
+            ref.nbytes = nbytes
             self.allocated += nbytes
             self.num_allocs += 1
             if self.allocated > self.peak:
