@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -136,24 +137,43 @@ def cmd_bench(args) -> int:
         fd, json_path = tempfile.mkstemp(prefix="adaptive-eager-bench-", suffix=".json")
         os.close(fd)
     cmd = _pytest_command(suite, json_path, args.quick, args.select)
-    print(f"running the comparison suite{' (quick)' if args.quick else ''}: {' '.join(cmd[1:])}",
+    print(f"running the comparison suite{' (quick)' if args.quick else ''}: {shlex.join(cmd[1:])}",
           flush=True)
-    code = subprocess.run(cmd, cwd=bench.parent).returncode
-    try:
-        data = json.loads(Path(json_path).read_text())
-    except (OSError, ValueError) as err:
-        print(f"adaptive-eager bench: pytest exited with {code} and wrote no readable benchmark "
-              f"JSON ({json_path}: {err}); see its output above.", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="adaptive-eager-bench-") as tmp:
+        failures_path = Path(tmp) / "anchor_failures.json"
+        env = dict(os.environ, ADAPTIVE_EAGER_BENCH_FAILURES=str(failures_path))
+        code = subprocess.run(cmd, cwd=bench.parent, env=env).returncode
+        failures = _read_json(failures_path)
+    data = _read_json(Path(json_path))
+    if data is None and failures is None:
+        print(f"adaptive-eager bench: pytest exited with {code} and wrote no results "
+              f"({json_path}); see its output above.", file=sys.stderr)
         return code or 1
+    if data is None:  # every selected benchmark was skipped: pytest-benchmark wrote nothing
+        data = {"benchmarks": []}
+    if "anchor_failures" not in data:
+        data["anchor_failures"] = failures or []
+        Path(json_path).write_text(json.dumps(data, indent=2))
     print()
     print(format_tables(data))
     print()
     print(_settings_note(data))
     print(f"raw pytest-benchmark JSON: {json_path}")
-    if code != 0:
+    if code == 5:
+        print(f"adaptive-eager bench: -k {args.select!r} matched no benchmark; ids look like "
+              f"'mlp-train-neuron-adaptive-spent' or 'decode-compile'.", file=sys.stderr)
+    elif code != 0:
         print(f"adaptive-eager bench: pytest exited with {code} (failures above); the tables show "
               f"what ran.", file=sys.stderr)
     return code
+
+
+def _read_json(path: Path):
+    """The parsed file, or None if it is missing or empty (or not JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def add_parser(sub) -> None:

@@ -11,7 +11,9 @@ import adaptive_eager
 
 
 def pytest_collect_file(file_path, parent):
-    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
+    # A file named on the command line is already collected by pytest itself (once is enough).
+    if file_path.suffix == ".py" and file_path.name.startswith("bench_") \
+            and not parent.session.isinitpath(file_path):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
@@ -25,3 +27,35 @@ def _one_thread_fresh_counters():
     adaptive_eager.reset_stats()
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true", default=False,
+                     help="bench: fewer rounds, so the whole suite runs in a few minutes "
+                          "(or set ADAPTIVE_EAGER_BENCH_QUICK=1)")
+
+
+_ANCHOR_FAILURES = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def anchor_failures(request) -> list:
+    """Where a benchmark records an anchor (torch._lazy, torch.compile) that failed on it."""
+    return request.config.stash.setdefault(_ANCHOR_FAILURES, [])
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Anchors that failed are part of the result: keep them in the --benchmark-json file."""
+    output_json["anchor_failures"] = config.stash.get(_ANCHOR_FAILURES, [])
+
+
+def pytest_sessionfinish(session):
+    """Also write the anchor failures where `adaptive-eager bench` asks: pytest-benchmark writes
+    no JSON at all when every selected benchmark was skipped, and the failures must not vanish."""
+    import json
+    import os
+
+    path = os.environ.get("ADAPTIVE_EAGER_BENCH_FAILURES")
+    if path:
+        with open(path, "w") as f:
+            json.dump(session.config.stash.get(_ANCHOR_FAILURES, []), f)
