@@ -10,6 +10,7 @@ behaviour. When one gets fixed, its test fails: update the table and the test to
 | 5 | a bad `NEURON_*` value                                        | `import torch` itself fails (cause names the variable) | torch's backend autoload re-raises any entry-point error (test_device_api.py pins the message) | fix the variable, or `TORCH_DEVICE_BACKEND_AUTOLOAD=0`    |
 | 6 | a loop whose body is 3 ATen ops or fewer                      | never fused: one launch per op, as in eager     | the repeating unit is shorter than the shortest trace (4 ops between non-sync ops); a multiple of it is not a new unit | none needed: such loops pay little launch overhead anyway |
 | 7 | `import device` (or `dispatch`) before anything imports torch | `neuron` is not registered until `import adaptive_eager` | torch's autoload runs while our package is half-imported and leaves registration to it | `import torch` or `import adaptive_eager` first (the usual order) |
+| 8 | a loop of identical ops chained by dataflow (`c = mm(c, b)` x4) | never fused (matmul-heavy bench: 4 launches/step) | detection keys are signatures only: the stream looks 1-periodic, and a 1-op unit is below the shortest trace | none yet; a key with short-range dataflow fixes it but delays detection by one repetition when setup values sit close to the loop |
 """
 import io
 
@@ -83,3 +84,15 @@ def test_7_importing_device_first_leaves_neuron_unregistered_until_adaptive_eage
         emit([before, str(torch.ones(1, device='neuron').device)])
     """)
     assert out == ["unregistered", "neuron:0"]
+
+
+def test_8_a_chain_of_identical_ops_is_never_fused():
+    with adaptive_eager.mode("adaptive"):
+        adaptive_eager.reset_stats()
+        a, b = torch.randn(8, 8, device="neuron"), torch.randn(8, 8, device="neuron")
+        for _ in range(20):
+            c = a
+            for _ in range(4):
+                c = torch.mm(c, b)
+        torch.neuron.synchronize()
+        assert adaptive_eager.stats().fused_launches == 0
