@@ -34,7 +34,7 @@ _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
 _NOVELTY_WINDOW = 1024  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 256  # recorded ops per check once backing off
-_MAX_BACKOFF = 65536  # longest stretch run without recording
+_MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
 
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import adaptive_eager
+from adaptive_eager.mode import SWITCH
 from subproc import run_json
 
 STEPS = 6  # enough repetitions for a trace to be adopted and replayed
@@ -143,3 +144,24 @@ def test_explain_names_where_a_trace_starts_and_where_a_divergence_happened():
     assert ours and "test_explain_names_where" in ours[-1].starts_at
     assert "test_adaptive_semantics.py" in report.recent_divergences[-1]
     assert "expected aten.add.Tensor, got aten.sub.Tensor" in report.recent_divergences[-1]
+
+
+def test_a_repeating_phase_after_shapes_that_never_repeat_is_fused():
+    w = torch.ones(4).to("neuron")
+
+    def step(n):
+        x = torch.ones(n, 4, device="neuron")
+        y = (x * w + 1).relu().sum(0) * 0.5
+        return y.tanh()
+
+    for n in range(1, 1200):  # every step new shapes: the engine backs off from recording
+        step(n)
+    assert SWITCH.adaptive._backoff > 0
+    for _ in range(1200):  # ~6000 ops at one shape: fused again within the longest backoff
+        step(3)
+    adaptive_eager.reset_stats()
+    for _ in range(5):
+        step(3)
+    torch.neuron.synchronize()
+    s = adaptive_eager.stats()
+    assert s.fused_ops >= 5 * 5 and s.divergences == 0
