@@ -32,8 +32,8 @@ from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
 
 _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
-_NOVELTY_WINDOW = 1024  # recorded ops per novelty check (see _count_novelty)
-_NOVELTY_SAMPLE = 256  # recorded ops per check once backing off
+_NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
+_NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
 
 
