@@ -18,6 +18,7 @@ import threading
 import warnings
 
 import cachetools
+import torch
 
 from dispatch import CONTEXT, Executor, NeuronTensor, classify
 from dispatch import transfers
@@ -70,6 +71,7 @@ class _TraceCache(cachetools.LRUCache):
 
 class AdaptiveExecutor(Executor):
     name = "adaptive"
+    takes_factories = True  # torch.arange/ones/randn inside a step belong to its trace
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig.from_env()
@@ -380,8 +382,11 @@ class AdaptiveExecutor(Executor):
         if not barrier:
             self._count_novelty(proto is None)
         if proto is None:
-            device = next((v._device_index for v in rec.values if isinstance(v, NeuronTensor)),
-                          CONTEXT.runtime.current_index)
+            device = next((v._device_index for v in rec.values if isinstance(v, NeuronTensor)), None)
+            if device is None:  # a factory: the device it names
+                named = kwargs.get(info.device_arg) if info.device_arg else None
+                device = named.index if isinstance(named, torch.device) and named.type == "neuron" \
+                    else CONTEXT.runtime.current_index
             proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs, device, barrier)
         return proto
 

@@ -18,6 +18,9 @@ from .tensor import NeuronTensor
 
 class Executor(abc.ABC):
     name = "executor"
+    # True if factory ops (no tensor input) should reach `execute` too; else their
+    # PrivateUse1 kernels run them at once (dispatch/factories.py).
+    takes_factories = False
 
     @abc.abstractmethod
     def execute(self, func, args, kwargs):

@@ -13,6 +13,7 @@ import torch
 from .classify import classify
 from .context import CONTEXT
 from .kernels import run_on_host, wrap_new
+from .tensor import NEURON_DEVICES
 
 _HOST = torch.device("cpu")
 # Pure allocations: no kernel runs on the device, so no launch is counted.
@@ -70,6 +71,14 @@ def make_factory_kernel(op):
     device_pos = next(i for i, a in enumerate(op._schema.arguments) if a.name == "device")
 
     def kernel(*args, **kwargs):
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        if launches and CONTEXT.executor.takes_factories and device_pos >= len(args):
+            # The executor may hold the factory back like any op (a fill in a traced step).
+            # Pure allocations (empty) stay immediate: no kernel runs, and `.to('neuron')`
+            # allocates with one right before its copy, a sync point.
+            kwargs["device"] = NEURON_DEVICES[_device_index(kwargs.get("device"))]
+            return CONTEXT.executor.execute(op, args, kwargs)
         args = list(args)
         if device_pos < len(args):
             index = _device_index(args[device_pos])
@@ -77,8 +86,6 @@ def make_factory_kernel(op):
         else:
             index = _device_index(kwargs.get("device"))
             kwargs["device"] = _HOST
-        if kwargs.get("pin_memory"):
-            kwargs["pin_memory"] = False
         _check_capacity(op, index, args, kwargs)
         if info.is_random:
             # Note [RNG order]: ops held back by the executor draw before this factory does.

@@ -165,3 +165,23 @@ def test_a_repeating_phase_after_shapes_that_never_repeat_is_fused():
     torch.neuron.synchronize()
     s = adaptive_eager.stats()
     assert s.fused_ops >= 5 * 5 and s.divergences == 0
+
+
+def test_factories_inside_a_step_join_its_trace_and_draw_random_numbers_in_order():
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(3)
+        x = torch.randn(4, 8).to("neuron")
+        launches, outs = [], []
+        for _ in range(STEPS + 3):
+            before = adaptive_eager.stats().launches
+            m = torch.ones(8, 8, device="neuron").triu(1)
+            pos = torch.arange(8, device="neuron")
+            noise = torch.randn(4, 8, device="neuron")
+            outs.append(((x @ m + pos) * noise).relu().sum(0))
+            launches.append(adaptive_eager.stats().launches - before)
+        return [o.tolist() for o in outs], launches
+
+    eager, adaptive = run("eager"), run("adaptive")
+    assert eager[0] == adaptive[0]
+    assert adaptive[1][-3:] == [1, 1, 1] and eager[1][-1] > 5
