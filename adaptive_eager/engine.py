@@ -110,7 +110,7 @@ class AdaptiveExecutor(Executor):
 
     # -- the Executor interface -----------------------------------------------------------
     def execute(self, func, args, kwargs):
-        info = classify(func)
+        info = getattr(func, "_neuron_info", None) or classify(func)
         out = self.decomposed(info, func, args, kwargs)
         if out is not NotImplemented:
             return out
@@ -118,7 +118,7 @@ class AdaptiveExecutor(Executor):
             if self.config.launch_blocking:
                 return self._run_now(info, args, kwargs)
             if info.is_host_read or info.has_data_dependent_shape or info.may_resize or (
-                    func in transfers.SPECIAL_OPS and not transfers.stays_on_device(func, args, kwargs)):
+                    hasattr(func, "_neuron_special") and not transfers.stays_on_device(func, args, kwargs)):
                 return self._sync_op(info, args, kwargs)
             p = self.pending
             if self._backoff and p is None and self._enter_at is None:

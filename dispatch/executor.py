@@ -49,11 +49,12 @@ class EagerExecutor(Executor):
     name = "eager"
 
     def execute(self, func, args, kwargs):
-        info = classify(func)
-        out = self.decomposed(info, func, args, kwargs)
-        if out is not NotImplemented:
-            return out
-        special = transfers.SPECIAL_OPS.get(func)
+        info = getattr(func, "_neuron_info", None) or classify(func)
+        if info.decomposes:
+            out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        special = getattr(func, "_neuron_special", None)
         if special is not None:
             return special(info, args, kwargs)
         return run_kernel(info, args, kwargs)

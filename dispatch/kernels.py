@@ -220,7 +220,7 @@ def op_cost_us(info: OpInfo, u: Unwrapped, out) -> float:
         for o in out:
             if isinstance(o, torch.Tensor):
                 nbytes += o.nbytes
-    flops = op_flops(info, u.args, u.kwargs, out)
+    flops = op_flops(info, u.args, u.kwargs, out) if info.has_flop_formula else 0
     return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
 
 

@@ -105,6 +105,8 @@ SPECIAL_OPS = {
     aten.copy_.default: copy_,
     aten._local_scalar_dense.default: local_scalar_dense,
 }
+for _op, _handler in SPECIAL_OPS.items():
+    _op._neuron_special = _handler  # read per op by executors: no dict lookup (see classify)
 
 
 def _copy_from_kernel(src, dst, non_blocking=False):
