@@ -285,7 +285,7 @@ class AdaptiveExecutor(Executor):
     # -- launching --------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
         try:
-            n = p.launch(self)
+            n = p.launch()
         except Exception as exc:
             self.error = exc
             self.pending = None

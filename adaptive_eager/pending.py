@@ -21,7 +21,6 @@ from dispatch.tensor import resolve_data
 
 from .trace import Trace
 
-_INTERNAL = object()  # placeholder of a value bound by position
 _FLOP_OPS = flop_registry  # ops torch has a FLOP formula for (matmuls, convolutions, attention)
 
 
@@ -40,7 +39,7 @@ class Pending:
     def complete(self) -> bool:
         return self.pos == len(self.trace)
 
-    def launch(self, engine) -> int:
+    def launch(self) -> int:
         """Run ops [done, pos) on the host as one launch; returns how many ran.
 
         Raises the failing op's error after marking every value that depended on it.

@@ -56,9 +56,6 @@ class DeviceMemory:
                 f"Free tensors you no longer need (drop every reference to them), use a smaller batch, "
                 f"or raise the capacity with NEURON_DEVICE_MEMORY.")
 
-    def is_tracked(self, storage: torch.UntypedStorage) -> bool:
-        return storage._cdata in self._live
-
     def track(self, storage: torch.UntypedStorage) -> None:
         """Count storage against this device until it dies; raises OOM (and counts nothing)
         if it does not fit. A storage already tracked is not counted twice, but one that

@@ -15,10 +15,6 @@ from .context import CONTEXT
 from .tensor import NeuronTensor, fix_wrapper_metadata, host_view, resolve_data, wrap_math_bits_view
 
 
-class DeviceMismatchError(RuntimeError):
-    pass
-
-
 def mismatch_error(a: str, b: str, op_name: str) -> RuntimeError:
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
