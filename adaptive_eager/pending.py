@@ -80,11 +80,17 @@ class Pending:
         cost = trace.op_costs[k]
         if cost is None:
             cost = trace.op_costs[k] = self._op_cost(k, flat, runtime)
-        for j in trace.last_use[k]:
-            if j < k:
-                results[j] = None  # Note [Deferred values]: dead intermediates are freed
+        # Note [Deferred values]: each intermediate is dropped after its last read inside the
+        # trace (per output: nll_loss_forward's total_weight must not live as long as its loss).
+        for j, slot in trace.last_use[k]:
+            held = results[j]
+            if held is not None:
+                held[slot] = None
         if not trace.consumed[k]:
             results[k] = None  # read by no later op of the trace: only live wrappers keep it
+        else:
+            for slot in trace.unread_slots[k]:
+                flat[slot] = None
         self.bound[k] = None  # inputs from outside are released as soon as their op ran
         return cost
 

@@ -132,8 +132,12 @@ class Trace:
         # The user's source line of each op, taken the first time the op is matched (one
         # stack walk per position, once): for errors in deferred launches and explain().
         self.sources: list = [None] * len(protos)
-        used = {ref[0] for refs in inputs for ref in refs if ref is not None}
-        self.consumed = [k in used for k in range(len(protos))]  # read by a later op of the trace
+        used = {ref for refs in inputs for ref in refs if ref is not None}
+        self.consumed = [any((k, slot) in used for slot in range(len(p.out_specs)))
+                         for k, p in enumerate(protos)]  # some output read by a later op
+        # per op: output slots no later op of the trace reads (freed as soon as it ran)
+        self.unread_slots = [[slot for slot in range(len(p.out_specs)) if (k, slot) not in used]
+                             for k, p in enumerate(protos)]
 
     def __len__(self):
         return len(self.protos)
@@ -163,16 +167,16 @@ class _LazyCode:
         return fn
 
 
-def _last_uses(inputs, n: int) -> list[list[int]]:
-    """frees[k] = ops whose outputs are last read inside the trace by op k."""
-    last: dict[int, int] = {}
+def _last_uses(inputs, n: int) -> list[list[tuple[int, int]]]:
+    """frees[k] = the (op, output slot) values last read inside the trace by op k."""
+    last: dict[tuple[int, int], int] = {}
     for k, refs in enumerate(inputs):
         for ref in refs:
             if ref is not None:
-                last[ref[0]] = k
+                last[ref] = k
     frees = [[] for _ in range(n)]
-    for j, k in last.items():
-        frees[k].append(j)
+    for value, k in last.items():
+        frees[k].append(value)
     return frees
 
 

@@ -238,3 +238,26 @@ def test_checkpoint_saved_mid_training_in_adaptive_mode_holds_the_eager_values(t
     for i, state in eager["opt"]["state"].items():
         for k, v in state.items():
             assert torch.equal(v, adaptive["opt"]["state"][i][k]), (i, k)
+
+
+def test_peak_memory_matches_eager_when_the_loop_keeps_its_losses():
+    # nll_loss_forward returns (loss, total_weight): the launch must drop total_weight after
+    # backward reads it, not keep it as long as the loss that a `losses` list holds.
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to("neuron")
+        opt = torch.optim.AdamW(net.parameters())
+        x, y = torch.randn(32, 64).to("neuron"), torch.randint(0, 10, (32,)).to("neuron")
+        torch.neuron.reset_peak_memory_stats()
+        losses = []
+        for _ in range(12):
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.neuron.synchronize()
+        return torch.neuron.max_memory_allocated()
+
+    assert run("adaptive") == run("eager")
