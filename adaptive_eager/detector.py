@@ -12,8 +12,11 @@ _K = 8  # recent positions kept per key
 
 
 class PeriodDetector:
-    def __init__(self, min_len: int, max_len: int, repeats: int = 2):
+    def __init__(self, min_len: int, max_len: int, repeats: int = 2, unit_min: int | None = None):
         self.min_len = min_len
+        # A shorter period disqualifies a longer one only if it could itself become a trace:
+        # `c = mm(c, b)` x4 looks 1-periodic by signature, but its unit is the 4 ops.
+        self.unit_min = min_len if unit_min is None else unit_min
         self.max_len = max_len
         self.repeats = repeats
         self._keys: list[int] = []
@@ -56,10 +59,13 @@ class PeriodDetector:
         fired = [p for p, r in runs.items() if r == p * need and p >= self.min_len]
         if not fired:
             return None
-        # The longest primitive period: p is a shorter period q repeated only if its whole
-        # window is q-periodic (a step that merely ends in a repeated pair is not).
+        # The longest primitive period: p is not a new unit if its window is a shorter unit q
+        # repeated (q divides p and the window is q-periodic), or if the stream has been
+        # q-periodic for all of the last p ops (q-periodic stretches fire every p; a step
+        # that merely ends in a repeated pair, or shares a few ops with its start, does not).
         primitive = [p for p in fired
-                     if not any(q < p and p % q == 0 and r >= p - q for q, r in runs.items())]
+                     if not any(self.unit_min <= q < p and (r >= p or p % q == 0 and r >= p - q)
+                                for q, r in runs.items())]
         return max(primitive) if primitive else None
 
     def forget(self) -> None:

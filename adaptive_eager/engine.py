@@ -82,7 +82,8 @@ class AdaptiveExecutor(Executor):
         """Forget every trace and all history (pending work must have been launched)."""
         cfg = self.config
         self.cache = _TraceCache(cfg.cache_size)
-        self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_trace_len, cfg.repeats)
+        self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_trace_len, cfg.repeats,
+                                       unit_min=cfg.min_trace_len)
         self.history: collections.deque = collections.deque(maxlen=2 * cfg.repeats * cfg.max_trace_len)
         self.key_ids: dict[tuple, int] = {}
         self.protos: dict[tuple, object] = {}

@@ -185,3 +185,38 @@ def test_factories_inside_a_step_join_its_trace_and_draw_random_numbers_in_order
     eager, adaptive = run("eager"), run("adaptive")
     assert eager[0] == adaptive[0]
     assert adaptive[1][-3:] == [1, 1, 1] and eager[1][-1] > 5
+
+
+def test_a_chain_of_identical_ops_fuses_as_one_launch_per_chain():
+    # Signatures alone make `c = mm(c, b)` x4 look 1-periodic; its unit is the chain.
+    a, b = torch.randn(8, 8).to("neuron"), torch.randn(8, 8).to("neuron")
+    chains = []
+    for _ in range(STEPS + 4):
+        c = a
+        for _ in range(4):
+            c = torch.mm(c, b)
+        chains.append(c)
+    adaptive_eager.reset_stats()
+    for _ in range(4):
+        c = a
+        for _ in range(4):
+            c = torch.mm(c, b)
+    torch.neuron.synchronize()
+    s = adaptive_eager.stats()
+    assert (s.launches, s.fused_ops, s.divergences) == (4, 16, 0)
+    expected = a.cpu()
+    for _ in range(4):
+        expected = expected @ b.cpu()
+    assert torch.equal(c.cpu(), expected) and torch.equal(chains[-1].cpu(), expected)
+
+
+def test_a_loop_body_shorter_than_a_trace_fuses_several_iterations_per_launch():
+    x = torch.ones(8).to("neuron")
+    for _ in range(20):
+        x = (x * 2).add_(1)
+    adaptive_eager.reset_stats()
+    for _ in range(8):
+        x = (x * 2).add_(1)
+    torch.neuron.synchronize()
+    s = adaptive_eager.stats()
+    assert s.fused_ops == 16 and s.launches <= 4

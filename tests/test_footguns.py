@@ -8,16 +8,13 @@ behaviour. When one gets fixed, its test fails: update the table and the test to
 | 3 | `torch.load(cpu_checkpoint, map_location='neuron')`           | the CPU tensors stay CPU tensors                | moving a storage to 'neuron' would segfault (no allocator), so host_compat keeps it on the host; only NeuronTensor checkpoints rebuild on the device | `model.load_state_dict(...)` on a neuron model, or `.to('neuron')` |
 | 4 | `with torch.accelerator.device_index(i):`                     | torch.neuron's current device does not change   | the context manager calls C++ directly; our device guard cannot hold a current device | `torch.neuron.set_device(i)` / `torch.accelerator.set_device_index(i)` |
 | 5 | a bad `NEURON_*` value                                        | `import torch` itself fails (cause names the variable) | torch's backend autoload re-raises any entry-point error (test_device_api.py pins the message) | fix the variable, or `TORCH_DEVICE_BACKEND_AUTOLOAD=0`    |
-| 6 | a loop whose body is 3 ATen ops or fewer                      | never fused: one launch per op, as in eager     | the repeating unit is shorter than the shortest trace (4 ops between non-sync ops); a multiple of it is not a new unit | none needed: such loops pay little launch overhead anyway |
 | 7 | `import device` (or `dispatch`) before anything imports torch | `neuron` is not registered until `import adaptive_eager` | torch's autoload runs while our package is half-imported and leaves registration to it | `import torch` or `import adaptive_eager` first (the usual order) |
-| 8 | a loop of identical ops chained by dataflow (`c = mm(c, b)` x4) | never fused (matmul-heavy bench: 4 launches/step) | detection keys are signatures only: the stream looks 1-periodic, and a 1-op unit is below the shortest trace | none yet; a key with short-range dataflow fixes it but delays detection by one repetition when setup values sit close to the loop |
 """
 import io
 
 import pytest
 import torch
 
-import adaptive_eager
 from subproc import run_json
 
 from dispatch import NeuronTensor
@@ -60,17 +57,6 @@ def test_4_accelerator_device_index_context_does_not_switch_the_neuron_device():
     assert device == torch.device("neuron", previous)
 
 
-def test_6_a_loop_body_of_two_ops_is_never_fused():
-    with adaptive_eager.mode("adaptive"):
-        adaptive_eager.reset_stats()
-        x = torch.ones(8, device="neuron")
-        for _ in range(20):
-            x = (x * 2).add_(1)
-        torch.neuron.synchronize()
-        s = adaptive_eager.stats()
-    assert s.fused_launches == 0 and s.launches == s.ops
-
-
 def test_7_importing_device_first_leaves_neuron_unregistered_until_adaptive_eager():
     out = run_json("""
         import device
@@ -84,15 +70,3 @@ def test_7_importing_device_first_leaves_neuron_unregistered_until_adaptive_eage
         emit([before, str(torch.ones(1, device='neuron').device)])
     """)
     assert out == ["unregistered", "neuron:0"]
-
-
-def test_8_a_chain_of_identical_ops_is_never_fused():
-    with adaptive_eager.mode("adaptive"):
-        adaptive_eager.reset_stats()
-        a, b = torch.randn(8, 8, device="neuron"), torch.randn(8, 8, device="neuron")
-        for _ in range(20):
-            c = a
-            for _ in range(4):
-                c = torch.mm(c, b)
-        torch.neuron.synchronize()
-        assert adaptive_eager.stats().fused_launches == 0
