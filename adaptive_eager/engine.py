@@ -332,7 +332,7 @@ class AdaptiveExecutor(Executor):
         return out
 
     def _run_now(self, info, args, kwargs):
-        special = transfers.SPECIAL_OPS.get(info.op)
+        special = getattr(info.op, "_neuron_special", None)
         return special(info, args, kwargs) if special is not None else run_kernel(info, args, kwargs)
 
     def _record_eager(self, info, rec: OpRecord, args, kwargs):
