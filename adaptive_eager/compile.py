@@ -25,9 +25,6 @@ from dispatch.tensor import resolve_data
 
 from .trace import OpProto, flat_tensors
 
-_MISSING = object()
-
-
 class _Source:
     """Accumulates generated lines and the constants they refer to."""
 

@@ -1,9 +1,11 @@
 """A trace being matched: the ops deferred so far, and their launch (replay).
 
 Note [Deferred values]: outputs handed to the user while a trace is matched are wrappers
-with `_data = None` (dispatch.NeuronTensor.deferred). We hold them only through weak
-references: a strong reference changes autograd's reference-count decisions (whether
-AccumulateGrad steals a gradient), and with them the op stream itself. Inputs from outside
+with `_data = None` (dispatch.NeuronTensor.deferred) whose DeferredCell the launch fills.
+We hold only weak references to the cells, never references to the wrappers: a strong
+one changes autograd's reference-count decisions (whether AccumulateGrad steals a
+gradient), and with them the op stream itself; a weak one on the tensor makes
+torch.utils.swap_tensors (nn.Module.to) refuse it. Inputs from outside
 the trace are held strongly until the launch, as a device queue holds its arguments.
 Values produced inside the trace are bound by position, never by object.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils.flop_counter import flop_registry
 
 from dispatch import CONTEXT, NeuronTensor
 from dispatch.kernels import has_normal_tensor, op_flops
@@ -20,9 +21,6 @@ from dispatch.record import _rebind
 from dispatch.tensor import resolve_data
 
 from .trace import Trace
-
-_FLOP_OPS = flop_registry  # ops torch has a FLOP formula for (matmuls, convolutions, attention)
-
 
 class Pending:
     def __init__(self, trace: Trace, base: int):
@@ -32,7 +30,7 @@ class Pending:
         self.done = 0  # ops already launched (a sync mid-trace launches the prefix)
         self.positions: list[int] = []  # stream position of each matched op
         self.bound: list[list] = []  # per matched op: values, internal ones replaced
-        self.outs: list[list] = []  # per matched op: weakrefs to new output wrappers (or None)
+        self.outs: list[list] = []  # per matched op: weakrefs to new outputs' cells (or None)
         self.results: list = [None] * len(trace)  # host outputs of launched ops, while needed
 
     @property
@@ -109,10 +107,10 @@ class Pending:
                 in_bytes += v.nbytes
                 dtype = dtype or v.dtype
         out_bytes = 0 if trace.consumed[k] else sum(t.nbytes for t in flat)
-        values = [resolve_data(v) if isinstance(v, NeuronTensor) else v for v in self.bound[k]]
         flops = 0
-        if proto.info.op._overloadpacket in _FLOP_OPS:
-            for ref, s in zip(trace.inputs[k], range(len(values))):
+        if proto.info.has_flop_formula:
+            values = [resolve_data(v) if isinstance(v, NeuronTensor) else v for v in self.bound[k]]
+            for s, ref in enumerate(trace.inputs[k]):
                 if ref is not None:
                     values[s] = self.results[ref[0]][ref[1]]
             args = tuple(_rebind(t, values) for t in proto.args_t)
