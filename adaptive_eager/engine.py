@@ -20,6 +20,8 @@ import warnings
 import cachetools
 import torch
 
+from device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
+                              sync_range)
 from dispatch import CONTEXT, Executor, NeuronTensor, classify
 from dispatch import transfers
 from dispatch.tensor import resolve_data
@@ -286,7 +288,10 @@ class AdaptiveExecutor(Executor):
     # -- launching --------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
         try:
-            n = p.launch()
+            if p.done != p.pos and profiler_enabled():  # Note [Profiler ranges]
+                n = _launch_profiled(p)
+            else:
+                n = p.launch()
         except Exception as exc:
             self.error = exc
             self.pending = None
@@ -297,6 +302,13 @@ class AdaptiveExecutor(Executor):
 
     def _flush(self, reason: str) -> None:
         """Launch everything pending; matching (if any) continues after the launched prefix."""
+        if profiler_enabled():  # a sync point is a range even when nothing was pending
+            p = self.pending
+            with sync_range(reason, 0 if p is None else p.pos - p.done):
+                return self._flush_pending(reason)
+        return self._flush_pending(reason)
+
+    def _flush_pending(self, reason: str) -> None:
         p = self.pending
         if p is None or p.done == p.pos:
             return
@@ -458,6 +470,28 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+
+
+def _launch_profiled(p: Pending) -> int:
+    """p.launch() inside its fused range, the device time nested at its end."""
+    start = p.done
+    with _fused_range(p):
+        try:
+            return p.launch()
+        finally:  # a failed launch still ran (and charged) the ops before the failing one
+            mark_device_time(p.device_us, ops=p.done - start, device=p.trace.device)
+
+
+def _fused_range(p: Pending):
+    """The profiler range of launching p's ops [done, pos): the trace and op count, and the
+    user's source lines of the first and last op when asked for (Note [Profiler ranges])."""
+    trace, start, end = p.trace, p.done, p.pos
+    if sources_wanted():
+        name = fused_range_name(trace.id, end - start, trace.sources[start], trace.sources[end - 1])
+    else:
+        name = fused_range_name(trace.id, end - start)
+    return profile_range(name, trace=trace.id, ops=end - start,
+                         first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
 
 
 def _repeats_shorter_unit(seg, minimum: int) -> bool:

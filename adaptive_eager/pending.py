@@ -32,6 +32,7 @@ class Pending:
         self.bound: list[list] = []  # per matched op: values, internal ones replaced
         self.outs: list[list] = []  # per matched op: weakrefs to new outputs' cells (or None)
         self.results: list = [None] * len(trace)  # host outputs of launched ops, while needed
+        self.device_us = 0.0  # emulated device time of the latest launch
 
     @property
     def complete(self) -> bool:
@@ -54,10 +55,10 @@ class Pending:
             for k in range(start, end):
                 cost += self._run_one(k, memory, runtime)
         except Exception as exc:  # the op's own error: raised at the sync point
-            runtime.launch(device, cost, num_ops=k - start)
+            self.device_us = runtime.launch(device, cost, num_ops=k - start)
             raise self._fail(k, exc) from exc
         self.done = end
-        runtime.launch(device, cost, num_ops=end - start)
+        self.device_us = runtime.launch(device, cost, num_ops=end - start)  # for profiler ranges
         if end == len(trace):
             self.results = []
         return end - start

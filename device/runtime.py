@@ -19,6 +19,7 @@ from .config import DeviceConfig
 from .cost import CostModel
 from .errors import NeuronDeviceError
 from .memory import DeviceMemory
+from .profiling import mark_device_time, profiler_enabled
 
 # CUDA's default seed, so an unseeded run is reproducible the same way.
 DEFAULT_SEED = 67280421310721
@@ -106,6 +107,8 @@ class Runtime:
             c.transfers += 1
             c.transfer_bytes += nbytes
             c.device_time_us += us
+        if profiler_enabled():  # inside the caller's transfer range: Note [Profiler ranges]
+            mark_device_time(us, bytes=nbytes, device=index)
         return us
 
     # -- synchronization -----------------------------------------------------------------

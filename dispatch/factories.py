@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from device.profiling import mark_device_time, profile_range, profiler_enabled
+
 from .classify import classify
 from .context import CONTEXT
 from .kernels import run_on_host, wrap_new
@@ -69,6 +71,7 @@ def make_factory_kernel(op):
     info = classify(op)
     launches = op._schema.name.split("::")[-1] not in _ALLOCATING_ONLY
     device_pos = next(i for i, a in enumerate(op._schema.arguments) if a.name == "device")
+    range_name = "neuron::" + op._schema.name  # Note [Profiler ranges]
 
     def kernel(*args, **kwargs):
         if kwargs.get("pin_memory"):
@@ -91,14 +94,23 @@ def make_factory_kernel(op):
             # Note [RNG order]: ops held back by the executor draw before this factory does.
             CONTEXT.executor.synchronize(index)
         CONTEXT.ops[index] += 1
-        out = run_on_host(info, index, args, kwargs)
-        result = wrap_new(out, index)
-        if launches:
-            CONTEXT.runtime.launch(index, CONTEXT.runtime.cost.op_us(0, out.nbytes, out.dtype))
-        return result
+        if profiler_enabled():  # the one check per factory op: Note [Profiler ranges]
+            with profile_range(range_name):
+                return _run_factory(info, index, args, kwargs, launches, profiled=True)
+        return _run_factory(info, index, args, kwargs, launches, profiled=False)
 
     kernel.__name__ = f"neuron_{op._schema.name.split('::')[-1]}"
     return kernel
+
+
+def _run_factory(info, index: int, args, kwargs, launches: bool, profiled: bool):
+    out = run_on_host(info, index, args, kwargs)
+    result = wrap_new(out, index)
+    if launches:
+        device_us = CONTEXT.runtime.launch(index, CONTEXT.runtime.cost.op_us(0, out.nbytes, out.dtype))
+        if profiled:
+            mark_device_time(device_us, ops=1, device=index)
+    return result
 
 
 def register_factories(lib: torch.library.Library) -> list[str]:

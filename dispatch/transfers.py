@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from device.profiling import transfer_range
+
 from .context import CONTEXT
 from .kernels import deferred_value_error, run_kernel, wrap_new
 from .tensor import NeuronTensor, host_view, resolve_data
@@ -19,10 +21,11 @@ def to_host(t: NeuronTensor) -> torch.Tensor:
     """A fresh host copy of t's value (device -> host transfer)."""
     _check_ready(t)
     data = t._data
-    CONTEXT.runtime.transfer(t._device_index, data.nbytes)
-    if t._math_bits:  # a conj/neg view: its value is the flagged data, resolved (Note [Math bits])
-        return host_view(t).resolve_conj().resolve_neg().clone()
-    return data.clone()
+    with transfer_range("d2h", t._device_index):  # Note [Profiler ranges]
+        CONTEXT.runtime.transfer(t._device_index, data.nbytes)
+        if t._math_bits:  # a conj/neg view: its value is the flagged data, resolved (Note [Math bits])
+            return host_view(t).resolve_conj().resolve_neg().clone()
+        return data.clone()
 
 
 def _count(device_index: int) -> None:
@@ -49,11 +52,13 @@ def to_copy(info, args, kwargs):
             return run_kernel(info, args, kwargs)
     _count(src._device_index)
     if dev.type == "neuron":
-        out = aten._to_copy.default(src._data, **host_kwargs)
-        CONTEXT.runtime.transfer(index, out.nbytes)
+        with transfer_range("d2d", index):
+            out = aten._to_copy.default(src._data, **host_kwargs)
+            CONTEXT.runtime.transfer(index, out.nbytes)
         return wrap_new(out, index)
-    CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
-    return aten._to_copy.default(src._data, device=dev, **host_kwargs)
+    with transfer_range("d2h", src._device_index):
+        CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
+        return aten._to_copy.default(src._data, device=dev, **host_kwargs)
 
 
 def copy_(info, args, kwargs):
@@ -67,12 +72,14 @@ def copy_(info, args, kwargs):
     if dst_on:
         _count(dst._device_index)
         # host -> device, or device -> device: the bytes land in dst's host storage now.
-        host_view(dst).copy_(host_view(src) if src_on else src, non_blocking)  # Note [Math bits]
-        CONTEXT.runtime.transfer(dst._device_index, dst._data.nbytes)
+        with transfer_range("d2d" if src_on else "h2d", dst._device_index):
+            host_view(dst).copy_(host_view(src) if src_on else src, non_blocking)  # Note [Math bits]
+            CONTEXT.runtime.transfer(dst._device_index, dst._data.nbytes)
         return dst
     _count(src._device_index)
-    CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
-    dst.copy_(host_view(src), non_blocking)
+    with transfer_range("d2h", src._device_index):
+        CONTEXT.runtime.transfer(src._device_index, src._data.nbytes)
+        dst.copy_(host_view(src), non_blocking)
     return dst
 
 
@@ -80,8 +87,9 @@ def local_scalar_dense(info, args, kwargs):
     t = args[0]
     _check_ready(t)
     _count(t._device_index)
-    CONTEXT.runtime.transfer(t._device_index, t._data.element_size())
-    return t._data.item()
+    with transfer_range("d2h", t._device_index):
+        CONTEXT.runtime.transfer(t._device_index, t._data.element_size())
+        return t._data.item()
 
 
 def stays_on_device(func, args, kwargs) -> bool:
@@ -122,8 +130,9 @@ def _copy_from_kernel(src, dst, non_blocking=False):
     target = host_view(dst) if dst_on else dst
     index = dst._device_index if dst_on else src._device_index
     _count(index)
-    target.copy_(source, non_blocking)
-    CONTEXT.runtime.transfer(index, target.nbytes)
+    with transfer_range("d2d" if dst_on and src_on else "h2d" if dst_on else "d2h", index):
+        target.copy_(source, non_blocking)
+        CONTEXT.runtime.transfer(index, target.nbytes)
     return dst
 
 
