@@ -35,6 +35,8 @@ class NeuronTensor(torch.Tensor):
     # Class defaults keep the hot-path reads cheap.
     _producer = None
     _cell = None
+    # True on the wrappers torch.compile traces with (Note [Compiled graphs], compile_backend.py)
+    _tracing = False
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, device_index: int):
@@ -64,11 +66,19 @@ class NeuronTensor(torch.Tensor):
 
     # -- subclass protocol (nn.Module.to, torch.compile) -----------------------------------
     def __tensor_flatten__(self):
-        return ["_data"], self.device.index
+        # torch.compile reads `_data` right after this: a compiled call is a sync point, as an
+        # op held back may still write this tensor in place (Note [Compiled graphs]).
+        if not self._tracing:
+            CONTEXT.runtime.synchronize(self._device_index)
+            resolve_data(self)
+        return ["_data"], self._device_index
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, device_index, outer_size, outer_stride):
-        return NeuronTensor(inner_tensors["_data"], device_index)
+        # Real host data -> a device tensor; fake/functional (tracing) -> a tracing wrapper.
+        from .compile_backend import unflatten
+
+        return unflatten(inner_tensors["_data"], device_index)
 
     # -- host reads: C++ rejects these on subclasses, and each is a sync point ----------
     def host_value(self) -> torch.Tensor:

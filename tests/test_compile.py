@@ -1,0 +1,308 @@
+"""torch.compile on neuron: the `neuron` Dynamo backend and tracing through NeuronTensor.
+
+Each compiled graph (forward, backward) runs as ONE launch on the device: the launches are
+observed by recording `Runtime.launch` calls, where a compiled graph is the launch holding
+more than one op (in eager mode every other launch holds exactly one). Values are compared
+with the same model run without compiling, within torch.compile's usual tolerance.
+See Note [Compiled graphs] in dispatch/compile_backend.py.
+"""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+from torch import nn
+
+import adaptive_eager
+from dispatch import CONTEXT
+from dispatch.compile_backend import neuron_backend
+from dispatch.tensor import NeuronTensor
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_dynamo():
+    """Compiled code and recompile counts must not leak into (or from) other test files."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class LaunchLog:
+    """Every Runtime.launch as (device index, num_ops), while installed."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[int, int]] = []
+        real = CONTEXT.runtime.launch
+
+        def launch(index, cost_us, num_ops=1):
+            self.calls.append((index, num_ops))
+            return real(index, cost_us, num_ops)
+
+        monkeypatch.setattr(CONTEXT.runtime, "launch", launch)
+
+    def take(self) -> list[tuple[int, int]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def graph_launches(self) -> list[int]:
+        """num_ops of the launches since the last take that ran more than one op, then take."""
+        return [n for _, n in self.take() if n > 1]
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    return LaunchLog(monkeypatch)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+class WithGraphBreak(nn.Module):
+    """Two compiled graphs with a host read (`.item()`, a graph break) in between."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        scale = h.mean().item()  # a sync point, run eagerly between the two graphs
+        return self.b(h) * (1.0 + scale)
+
+
+def test_neuron_backend_is_found_by_name_without_importing_dynamo_at_import_time():
+    assert torch._dynamo.lookup_backend("neuron") is neuron_backend
+    code = ("import sys, torch, adaptive_eager\n"
+            "assert 'torch._dynamo' not in sys.modules, 'import torch/adaptive_eager imported torch._dynamo'\n"
+            "assert 'dispatch.compile_backend' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_mlp_forward_and_backward_each_run_as_one_launch_with_eager_values(launches):
+    torch.manual_seed(0)
+    ref = mlp().to("neuron")
+    model = copy.deepcopy(ref)
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(5, 8, device="neuron")
+    with adaptive_eager.mode("eager"):  # eager: every launch outside a graph holds one op
+        for _ in range(2):  # the first call compiles, the second reuses
+            launches.take()
+            out = compiled(x)
+            fw = launches.graph_launches()
+            out.sum().backward()
+            bw = launches.graph_launches()
+            assert len(fw) == 1 and fw[0] >= 3, f"forward launches holding >1 op: {fw}"
+            assert len(bw) == 1 and bw[0] >= 3, f"backward launches holding >1 op: {bw}"
+        for _ in range(2):  # gradients accumulate over both calls, as in the compiled loop
+            expected = ref(x)
+            expected.sum().backward()
+    assert type(out) is NeuronTensor and out.device == torch.device("neuron:0")
+    torch.testing.assert_close(out.cpu(), expected.cpu())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert type(p.grad) is NeuronTensor
+        torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+
+
+def test_compiled_launch_is_counted_by_stats_with_the_graph_ops():
+    torch.manual_seed(0)
+    model = mlp().to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(5, 8, device="neuron")
+    with torch.no_grad():
+        compiled(x)  # compile (an inference graph)
+        adaptive_eager.reset_stats()
+        compiled(x)
+    s = adaptive_eager.stats()
+    assert s.launches == 1
+    assert s.kernel_ops >= 3  # addmm, relu, addmm (plus views): one launch holds them all
+    assert s.ops == 0  # no op went through per-op dispatch
+    assert s.device_time_us > s.launch_overhead_us  # the graph's roofline cost was charged
+
+
+def test_tracing_launches_nothing(launches):
+    """Compiling traces the model on fake tensors: no op of that may reach the device."""
+    torch.manual_seed(0)
+    model = mlp().to("neuron")
+    x = torch.randn(5, 8, device="neuron")
+    compiled = torch.compile(model, backend="eager")  # runs Dynamo's graph op by op on neuron
+    with adaptive_eager.mode("eager"):
+        launches.take()
+        compiled(x)  # traces, compiles, runs
+        first = launches.take()
+        compiled(x)  # runs
+        second = launches.take()
+    assert len(first) == len(second) > 0
+
+
+def test_graph_break_runs_eagerly_between_two_compiled_graphs(launches):
+    torch.manual_seed(0)
+    ref = WithGraphBreak().to("neuron")
+    model = copy.deepcopy(ref)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("neuron")
+    compiled = torch.compile(model, backend=counter)
+    x = torch.randn(5, 8, device="neuron")
+    with adaptive_eager.mode("eager"):
+        compiled(x)
+        launches.take()
+        out = compiled(x)
+        fw = launches.graph_launches()
+        out.sum().backward()
+        bw = launches.graph_launches()
+    assert counter.frame_count == 2  # the graph before the break and the one after
+    assert len(fw) == 2, f"forward: one launch per compiled graph, got {fw}"
+    assert len(bw) == 2, f"backward: one launch per compiled graph, got {bw}"
+    expected = ref(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out.cpu(), expected.cpu())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+
+
+def _train(model, steps: int):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(6, 8, generator=gen).to("neuron")
+        y = torch.randn(6, 4, generator=gen).to("neuron")
+        out = model(x)
+        loss = ((out - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [float(v) for v in losses]
+
+
+@pytest.mark.parametrize("cls", [mlp, WithGraphBreak], ids=["mlp", "graph_break"])
+def test_adamw_training_in_adaptive_mode_matches_uncompiled(cls):
+    torch.manual_seed(0)
+    ref = cls().to("neuron")
+    model = copy.deepcopy(ref)
+    compiled = torch.compile(model, backend="neuron")
+    assert adaptive_eager.get_mode() == "adaptive"
+    got = _train(compiled, 6)
+    want = _train(ref, 6)
+    torch.testing.assert_close(got, want)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach().cpu())
+    assert got[-1] < got[0]  # it trained
+
+
+def test_compiled_call_sees_values_the_adaptive_engine_still_holds_back():
+    """A compiled call is a sync point: inputs produced, or written in place, by ops of a
+    pending fused launch have their current values (Note [Compiled graphs])."""
+    f = torch.compile(lambda a, b: a * 3 + b, backend="neuron")
+    x = torch.ones(4, device="neuron")
+    p = torch.zeros(4, device="neuron")
+    saw_pending = False
+    outs = []
+    for i in range(1, 11):
+        t = (x + 1) * 2 - 3
+        t.mul_(2)
+        u = t.exp()
+        p.add_(1)  # an in-place write to a tensor whose `_data` exists: may still be pending
+        saw_pending |= u._data is None and u._cell.data is None  # not computed yet
+        out = f(u, p)
+        outs.append(out * 2 - 1)  # more ops after the call: the loop is one repeating unit
+    for i, got in enumerate(outs, start=1):
+        expected = (torch.full((4,), 2.0).exp() * 3 + i) * 2 - 1
+        torch.testing.assert_close(got.cpu(), expected)
+    assert saw_pending, "no input was pending at a compiled call: the test exercised nothing"
+    assert adaptive_eager.stats().fused_launches > 0
+
+
+def test_compiled_call_sees_in_place_writes_the_adaptive_engine_still_holds_back():
+    """An input whose `_data` exists but that a pending op writes in place: the call must
+    first run that op (a sync), not just read `_data`."""
+    g = torch.compile(lambda a: a * 3, backend="neuron")
+    p = torch.zeros(4, device="neuron")
+    outs = []
+    for _ in range(10):
+        p.add_(1)
+        p.mul_(1)
+        outs.append(g(p) + 0)  # an op after the call: the loop is one repeating unit
+    for i, got in enumerate(outs, start=1):
+        torch.testing.assert_close(got.cpu(), torch.full((4,), 3.0 * i))
+    assert adaptive_eager.stats().fused_launches > 0
+
+
+def test_dynamic_shapes_recompile_once_and_charge_each_shape_its_cost(launches):
+    torch._dynamo.reset()  # earlier tests' calls must not have marked the batch dynamic already
+    torch.manual_seed(0)
+    model = mlp().to("neuron")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("neuron")
+    compiled = torch.compile(model, backend=counter)
+    times = {}
+    with torch.no_grad():
+        for batch in (3, 5, 7, 9, 5):
+            x = torch.randn(batch, 8, device="neuron")
+            adaptive_eager.reset_stats()
+            launches.take()
+            out = compiled(x)
+            assert out.shape == (batch, 4)
+            torch.testing.assert_close(out.cpu(), model(x).cpu())
+            assert len(launches.graph_launches()) == 1
+            times[batch] = adaptive_eager.stats().device_time_us
+    # 3 compiles static; 5 recompiles with a dynamic batch that serves every later size
+    assert counter.frame_count == 2
+    assert times[3] < times[5] < times[7] < times[9]
+
+
+def test_dropout_in_a_compiled_graph_draws_from_the_device_generator():
+    y = torch.ones(1000, device="neuron")
+    drop = nn.Dropout(0.5)
+    torch.manual_seed(0)
+    expected = drop(y).cpu()
+    compiled = torch.compile(drop, backend="neuron")
+    torch.manual_seed(0)
+    compiled(y)  # compile
+    torch.manual_seed(0)
+    cpu_state = torch.default_generator.get_state()
+    got = compiled(y).cpu()
+    assert torch.equal(got, expected)  # the same numbers as eager, in stream order
+    assert torch.equal(torch.default_generator.get_state(), cpu_state)  # the CPU generator untouched
+
+
+def test_inductor_on_neuron_inputs_returns_neuron_tensors():
+    torch.manual_seed(0)
+    ref = mlp().to("neuron")
+    model = copy.deepcopy(ref)
+    compiled = torch.compile(model)  # the default backend: inductor
+    x = torch.randn(5, 8, device="neuron")
+    out = compiled(x)
+    assert type(out) is NeuronTensor and out.device == torch.device("neuron:0")
+    out.sum().backward()
+    expected = ref(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out.cpu(), expected.cpu())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert type(p.grad) is NeuronTensor
+        torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+
+
+def test_host_copies_and_device_factories_inside_a_graph():
+    to_host = torch.compile(lambda a: (a * 2).cpu() + 1, backend="neuron")
+    r = to_host(torch.ones(2, device="neuron"))
+    assert type(r) is torch.Tensor and r.device.type == "cpu"  # .cpu() in a graph gives a host tensor
+    assert torch.equal(r, torch.full((2,), 3.0))
+    factory = torch.compile(lambda a: a + torch.ones(2, device=a.device), backend="neuron")
+    r = factory(torch.ones(2, device="neuron"))
+    assert type(r) is NeuronTensor and r.device == torch.device("neuron:0")
+    assert torch.equal(r.cpu(), torch.full((2,), 2.0))
+
+
+def test_a_graph_with_inputs_on_two_devices_is_a_clear_error():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices (NEURON_NUM_DEVICES=2)")
+    f = torch.compile(lambda a, b: a + b.to(a.device), backend="neuron")
+    with pytest.raises(Exception, match=r"inputs are on neuron:0, neuron:1. Move them to one device"):
+        f(torch.ones(2, device="neuron:0"), torch.ones(2, device="neuron:1"))
