@@ -12,10 +12,11 @@ _register()
 from .mode import SWITCH as _SWITCH, get_mode, mode, set_mode  # noqa: E402
 from .stats import Stats, reset_stats, stats  # noqa: E402
 from .explain import Explanation, explain  # noqa: E402
+from dispatch.custom_kernels import custom_kernel, set_cost  # noqa: E402
 
 _SWITCH.set(_SWITCH.default_from_env())
 
 __version__ = "0.1.0"
 
 
-__all__ = ["Explanation", "Stats", "explain", "get_mode", "mode", "reset_stats", "set_mode", "stats", "__version__"]
+__all__ = ["Explanation", "Stats", "custom_kernel", "explain", "get_mode", "mode", "reset_stats", "set_cost", "set_mode", "stats", "__version__"]

@@ -108,16 +108,20 @@ class Pending:
                 in_bytes += v.nbytes
                 dtype = dtype or v.dtype
         out_bytes = 0 if trace.consumed[k] else sum(t.nbytes for t in flat)
-        flops = 0
-        if proto.info.has_flop_formula:
+        flops, nbytes = 0, in_bytes + out_bytes
+        hook = proto.info.cost_hook
+        if proto.info.has_flop_formula or hook is not None:
             values = [resolve_data(v) if isinstance(v, NeuronTensor) else v for v in self.bound[k]]
             for s, ref in enumerate(trace.inputs[k]):
                 if ref is not None:
                     values[s] = self.results[ref[0]][ref[1]]
             args = tuple(_rebind(t, values) for t in proto.args_t)
             kwargs = {name: _rebind(t, values) for name, t in proto.kwargs_t.items()}
-            flops = op_flops(proto.info, args, kwargs, flat[0] if len(flat) == 1 else flat)
-        return runtime.cost.op_us(flops, in_bytes + out_bytes, dtype or torch.float32)
+            if hook is not None:  # a custom kernel prices itself: Note [Custom kernel cost]
+                flops, nbytes = hook(args, kwargs, nbytes)
+            else:
+                flops = op_flops(proto.info, args, kwargs, flat[0] if len(flat) == 1 else flat)
+        return runtime.cost.op_us(flops, nbytes, dtype or torch.float32)
 
     def _fail(self, k: int, exc: Exception) -> Exception:
         proto = self.trace.protos[k]

@@ -7,43 +7,53 @@ PrivateUse1 from C++, so on neuron the body always takes the math decomposition
 same model, different bits. The emulated device runs host kernels, so its SDPA picks the
 way the host does: a kernel on AutogradPrivateUse1 asks `_fused_sdp_choice` about CPU
 tensors with the inputs' metadata (the choice depends only on metadata, dropout and the
-`torch.nn.attention.sdpa_kernel` flags) and then mirrors the C++ body. Both branches call
-differentiable ATen ops, so autograd records the same backward as on CPU.
+`torch.nn.attention.sdpa_kernel` flags, read now: a deferred replay must not see later flags).
+Without dropout it runs that choice as the one-launch kernel `neuron::attention` (forward) and
+`neuron::attention_backward` (builtin_kernels.py), which compute exactly what the chosen host
+kernel and CPU autograd compute. With dropout, or a mask that needs a gradient, it mirrors
+the C++ body with differentiable ATen ops (several launches), so autograd records the same
+backward as on CPU.
 
-Under `torch.inference_mode()` the autograd key is skipped and the op reaches
-`__torch_dispatch__` undecomposed, where it runs on the host data: the same choice.
+Under `torch.inference_mode()` the autograd key is skipped: the op reaches
+`__torch_dispatch__` whole and the executor runs its C++ decomposition, which takes the
+math path on neuron (the PrivateUse1 choice stub), not this kernel.
 """
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from . import builtin_kernels
 
 aten = torch.ops.aten
 _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 
 
 def _host_shadow(t):
-    # Metadata only: empty_strided does not touch (or commit) the bytes.
-    return None if t is None else torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+    # Metadata only: empty_strided does not touch (or commit) the bytes. requires_grad is
+    # metadata the choice reads too (a mask that needs a gradient rules out the flash kernel).
+    if t is None:
+        return None
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, requires_grad=t.requires_grad)
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    choice = aten._fused_sdp_choice(
-        _host_shadow(query), _host_shadow(key), _host_shadow(value), _host_shadow(attn_mask),
-        dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    # Outside any dispatch mode: under torch.compile's fake/functional modes the shadows would
+    # be fake tensors, whose choice is always math, and the traced graph would then differ from eager.
+    with _disable_current_modes():
+        choice = aten._fused_sdp_choice(
+            _host_shadow(query), _host_shadow(key), _host_shadow(value), _host_shadow(attn_mask),
+            dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if builtin_kernels.fused_attention_applies(attn_mask, dropout_p):
+        # One launch forward, one backward, computing what the chosen host kernel computes.
+        return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                         choice == _FLASH)[0]
     if choice == _FLASH:
-        mask = _additive_mask(attn_mask, query.dtype)
+        mask = builtin_kernels.additive_mask(attn_mask, query.dtype)
         return aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale)[0]
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-
-
-def _additive_mask(attn_mask, dtype):
-    """As the C++ body does before a fused kernel: a boolean mask (True = attend) becomes
-    0 / -inf in the query's dtype. Both values are exact, so any construction gives the same bits."""
-    if attn_mask is None or attn_mask.dtype != torch.bool:
-        return attn_mask
-    return torch.zeros_like(attn_mask, dtype=dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
 
 
 def register(lib: torch.library.Library) -> None:

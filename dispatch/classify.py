@@ -23,6 +23,8 @@ RESIZING_OPS = frozenset({
     aten.resize_.default, aten.resize_as_.default, aten.set_.source_Storage,
     aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.set_.default,
 })
+# torch.distributed's collectives (c10d::allreduce_, ...) live in this operator namespace.
+COLLECTIVE_NAMESPACE = "c10d"
 # Ops that may take CPU index tensors with neuron data, as CUDA allows.
 CPU_INDEX_OPS = frozenset({
     aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
@@ -55,6 +57,12 @@ class OpInfo:
     # skipped (inference_mode): they must then be decomposed, as the autograd key would.
     decomposes: bool
     has_flop_formula: bool  # torch.utils.flop_counter knows this op (matmuls, convolutions)
+    # A c10d collective (all_reduce, broadcast, ...): a sync point of its inputs, run by
+    # dispatch/distributed.py's kernel, never deferred into a trace (Note [Collectives]).
+    is_collective: bool = False
+    # A custom kernel's own cost estimate, (args, kwargs, measured_bytes) -> (flops, bytes):
+    # Note [Custom kernel cost] in custom_kernels.py. None for every other op.
+    cost_hook: object = None
 
     @property
     def mutates(self) -> bool:
@@ -62,6 +70,15 @@ class OpInfo:
 
 
 _cache: dict[torch._ops.OpOverload, OpInfo] = {}
+# Cost hooks of custom kernels, filled by custom_kernels.set_cost before the op is classified.
+COST_HOOKS: dict[torch._ops.OpOverload, object] = {}
+
+
+def forget(op: torch._ops.OpOverload) -> None:
+    """Drop op's cached OpInfo: it is classified afresh at its next call."""
+    _cache.pop(op, None)
+    if getattr(op, "_neuron_info", None) is not None:
+        op._neuron_info = None
 
 
 def classify(op: torch._ops.OpOverload) -> OpInfo:
@@ -70,6 +87,11 @@ def classify(op: torch._ops.OpOverload) -> OpInfo:
     info = getattr(op, "_neuron_info", None)
     if info is None:
         info = _cache[op] = _classify(op)
+        if info.is_collective:
+            # Executors run ops with a `_neuron_special` kernel as sync points. Imported
+            # here, at an op's first sight: distributed.py builds on kernels.py, which needs us.
+            from .distributed import run_collective
+            op._neuron_special = run_collective
         op._neuron_info = info
     return info
 
@@ -118,4 +140,6 @@ def _classify(op) -> OpInfo:
         returns_tensor_list=any(str(r.type).startswith("Tensor[]") for r in schema.returns),
         decomposes=torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"),
         has_flop_formula=op._overloadpacket in flop_registry,
+        is_collective=op.namespace == COLLECTIVE_NAMESPACE,
+        cost_hook=COST_HOOKS.get(op),
     )

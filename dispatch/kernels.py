@@ -218,6 +218,9 @@ def op_cost_us(info: OpInfo, u: Unwrapped, out) -> float:
         for o in out:
             if isinstance(o, torch.Tensor):
                 nbytes += o.nbytes
+    if info.cost_hook is not None:  # a custom kernel's own estimate: Note [Custom kernel cost]
+        flops, nbytes = info.cost_hook(u.args, u.kwargs, nbytes)
+        return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
     flops = op_flops(info, u.args, u.kwargs, out) if info.has_flop_formula else 0
     return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
 

@@ -101,6 +101,12 @@ def _describe(a, values: list, scalar_ok: bool):
             keys.append(k)
             template.append(t)
         return tuple(keys), cls(template)
+    if cls is torch.ScriptObject:
+        # An opaque handle (c10d's ProcessGroup, ReduceOp): a new wrapper object per call, so
+        # keyed by its class, as a value bound per call. Keyed by identity, every collective
+        # had a new signature and the stream around it never repeated (Note [Collectives]).
+        values.append(a)
+        return (cls, a._type().qualified_name()), _slot(len(values) - 1)
     try:
         hash(a)
     except TypeError:  # not a structural value (a Generator is hashable; this is rarer)

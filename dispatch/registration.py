@@ -8,7 +8,7 @@ import torch
 import device as neuron_device
 from device.torch_module import build_module
 
-from . import attention, autocast, host_compat, optim_compat, transfers
+from . import attention, autocast, builtin_kernels, distributed, host_compat, optim_compat, transfers
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 from .factories import register_factories
@@ -79,8 +79,11 @@ def register() -> None:
         transfers.register_copy_kernels(lib)
         autocast.register(lib)
         attention.register(lib)
+        builtin_kernels.register(lib)
         host_compat.install(runtime)
         optim_compat.install()
+        # `import torch` has already imported torch.distributed: this costs microseconds.
+        distributed.install()
         CONTEXT.ops = [0] * runtime.device_count
         if CONTEXT.executor is None:
             install_executor(EagerExecutor())

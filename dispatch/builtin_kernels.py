@@ -1,0 +1,190 @@
+"""Custom kernels shipped with the device: attention and RMSNorm, one launch each way.
+
+Both are built with `custom_kernel` (custom_kernels.py), as a user's kernel would be, and
+both compute exactly what the host computes for the same call, so results stay
+bit-identical to CPU:
+
+- `neuron::attention` runs `scaled_dot_product_attention` as one op, whichever kernel the
+  host picks (the choice is made when the op is issued and passed in, see attention.py):
+  the CPU flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, saving its
+  logsumexp for the backward) or the math path. `neuron::attention_backward` is the flash
+  kernel's own backward, or for the math path a recomputation under host autograd, which
+  runs the very backward ops CPU autograd would run.
+- `neuron::rms_norm` runs `aten::rms_norm`'s composite body on the host (CPU has no fused
+  RMSNorm kernel), `neuron::rms_norm_backward` its autograd backward by recomputation.
+
+torch.compile traces them with their host bodies run on FakeTensors (`fake=True`: every
+op they call has a meta kernel), so traced shapes and strides are the real ones.
+Costs (Note [Custom kernel cost]) are those of fused kernels: attention never writes its
+L x L score matrix to HBM; the backward kernels pay for recomputing the forward.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .custom_kernels import custom_kernel
+
+aten = torch.ops.aten
+# Keys the autograd kernel above a host op excludes (AutoDispatchBelowADInplaceOrView); a
+# backward by recomputation needs them back to record the host graph.
+_AUTOGRAD_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView))
+
+
+def _host_autograd():
+    """Host autograd on, whatever the dispatcher state we are called in."""
+    exclude = torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _vjp(fn, inputs: tuple, grad: Tensor, needed: tuple) -> list:
+    """Gradients of fn(*inputs) against grad for the inputs flagged in needed (None elsewhere),
+    by running fn under host autograd: the backward CPU autograd runs for the same graph."""
+    with _host_autograd(), torch.enable_grad():
+        leaves = [x.detach().requires_grad_(n) if x is not None else None for x, n in zip(inputs, needed)]
+        out = fn(*leaves)
+        wanted = [x for x, n in zip(leaves, needed) if n and x is not None]
+        grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
+    return [next(grads) if n and x is not None else None for x, n in zip(inputs, needed)]
+
+
+# -- attention --------------------------------------------------------------------------------
+
+def additive_mask(attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """As the C++ SDPA body does before a fused kernel: a boolean mask (True = attend) becomes
+    0 / -inf in the query's dtype. Both values are exact, so any construction gives the same bits."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.zeros_like(attn_mask, dtype=dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
+
+
+def _math(q, k, v, mask, is_causal, scale, enable_gqa):
+    return aten._scaled_dot_product_attention_math(
+        q, k, v, mask, 0.0, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def _score_flops(q: Tensor, k: Tensor) -> float:
+    """FLOPs of one L x S x E matmul over all batches and heads (q @ k^T, or p @ v)."""
+    return 2.0 * q.numel() * k.shape[-2]
+
+
+def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, flash):
+    mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
+    out_bytes = q.numel() * v.shape[-1] // q.shape[-1] * v.element_size()
+    return {"flops": 2 * _score_flops(q, k), "bytes": q.nbytes + k.nbytes + v.nbytes + mask_bytes + out_bytes}
+
+
+@custom_kernel("neuron::attention", cost=_attention_cost, fake=True)
+def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, is_causal: bool,
+              scale: float | None, enable_gqa: bool, flash: bool) -> tuple[Tensor, Tensor]:
+    """SDPA without dropout, as the host's `flash` (else math) kernel computes it: (out, logsumexp);
+    logsumexp is empty for the math path."""
+    mask = additive_mask(attn_mask, query.dtype)
+    if flash:
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, is_causal, attn_mask=mask, scale=scale)
+        return out, lse
+    return _math(query, key, value, mask, is_causal, scale, enable_gqa), query.new_empty(0)
+
+
+def _attention_backward_cost(grad, q, k, v, out, lse, attn_mask, is_causal, scale, enable_gqa, flash):
+    mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
+    # recompute q @ k^T and p @ v's softmax, then dq, dk, dv, dp: five score-sized matmuls
+    return {"flops": 5 * _score_flops(q, k),
+            "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + out.nbytes + lse.nbytes + mask_bytes}
+
+
+@custom_kernel("neuron::attention_backward", cost=_attention_backward_cost, fake=True)
+def attention_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor, logsumexp: Tensor,
+                       attn_mask: Tensor | None, is_causal: bool, scale: float | None, enable_gqa: bool,
+                       flash: bool) -> tuple[Tensor, Tensor, Tensor]:
+    mask = additive_mask(attn_mask, query.dtype)
+    if flash:
+        dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=mask, scale=scale)
+        return dq, dk, dv
+    dq, dk, dv = _vjp(lambda q, k, v: _math(q, k, v, mask, is_causal, scale, enable_gqa),
+                      (query, key, value), grad, (True, True, True))
+    return dq, dk, dv
+
+
+def _attention_setup(ctx, inputs, output):
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, flash = inputs
+    ctx.save_for_backward(query, key, value, output[0], output[1], attn_mask)
+    ctx.flags = (is_causal, scale, enable_gqa, flash)
+    # logsumexp gets no gradient: do not let autograd launch a zeros() for it.
+    ctx.set_materialize_grads(False)
+
+
+def _attention_grad(ctx, grad_out, grad_lse):
+    if grad_out is None:  # the output took no part in the loss
+        return (None,) * 8
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_out, query, key, value, out, lse, attn_mask, *ctx.flags)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention.register_autograd(_attention_grad, setup_context=_attention_setup)
+
+
+def fused_attention_applies(attn_mask, dropout_p: float) -> bool:
+    """True if one `neuron::attention` launch computes this SDPA call exactly. Dropout draws
+    random numbers the backward would have to replay, and a mask that needs a gradient has
+    none here: those keep the host's decomposition (several ops)."""
+    return dropout_p == 0.0 and (attn_mask is None or not attn_mask.requires_grad
+                                 or not torch.is_grad_enabled())
+
+
+# -- RMSNorm ----------------------------------------------------------------------------------
+
+def _rms_norm_cost(input, normalized_shape, weight, eps):
+    w_bytes = 0 if weight is None else weight.nbytes
+    return {"flops": 4.0 * input.numel(), "bytes": 2 * input.nbytes + w_bytes}
+
+
+@custom_kernel("neuron::rms_norm", cost=_rms_norm_cost, fake=True)
+def rms_norm(input: Tensor, normalized_shape: list[int], weight: Tensor | None, eps: float | None) -> Tensor:
+    """`aten::rms_norm` as the host computes it (its composite body: CPU has no fused kernel)."""
+    return aten.rms_norm.default.decompose(input, normalized_shape, weight, eps)
+
+
+def _rms_norm_backward_cost(grad, input, normalized_shape, weight, eps, output_mask):
+    w_bytes = 0 if weight is None else 2 * weight.nbytes
+    return {"flops": 12.0 * input.numel(), "bytes": 3 * input.nbytes + w_bytes}
+
+
+@custom_kernel("neuron::rms_norm_backward", cost=_rms_norm_backward_cost, fake=True)
+def rms_norm_backward(grad: Tensor, input: Tensor, normalized_shape: list[int], weight: Tensor | None,
+                      eps: float | None, output_mask: list[bool]) -> tuple[Tensor, Tensor]:
+    """(d input, d weight); an output not asked for in output_mask is an empty tensor."""
+    dx, dw = _vjp(lambda x, w: aten.rms_norm.default.decompose(x, normalized_shape, w, eps),
+                  (input, weight), grad, tuple(output_mask))
+    return (input.new_empty(0) if dx is None else dx), (input.new_empty(0) if dw is None else dw)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    input, normalized_shape, weight, eps = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.args = (normalized_shape, eps)
+
+
+def _rms_norm_grad(ctx, grad):
+    input, weight = ctx.saved_tensors
+    normalized_shape, eps = ctx.args
+    mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
+    dx, dw = rms_norm_backward(grad, input, normalized_shape, weight, eps, mask)
+    return (dx if mask[0] else None), None, (dw if mask[1] else None), None
+
+
+rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+def _rms_norm_kernel(input, normalized_shape, weight=None, eps=None):
+    # AutogradPrivateUse1 kernel of aten::rms_norm: the whole norm is one op each way.
+    return rms_norm(input, list(normalized_shape), weight, eps)
+
+
+def register(lib: torch.library.Library) -> None:
+    """Route aten ops on neuron to the shipped kernels (attention: see attention.py)."""
+    lib.impl("rms_norm", _rms_norm_kernel, "AutogradPrivateUse1")

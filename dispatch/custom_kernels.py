@@ -1,0 +1,89 @@
+"""Custom device kernels: a user's own op, run by the emulated device as one launch.
+
+A custom kernel is a `torch.library.custom_op` whose implementation computes on host
+tensors (the bytes the emulated device holds), plus an optional cost estimate:
+
+    @adaptive_eager.custom_kernel("mylib::scale", cost=lambda x, s: {"flops": x.numel(), "bytes": 2 * x.nbytes})
+    def scale(x: torch.Tensor, s: float) -> torch.Tensor:
+        return x * s
+
+    scale.register_autograd(lambda ctx, g: (scale(g, ctx.s), None),
+                            setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
+
+Nothing else is needed for it to work on `neuron`: the op reaches
+`NeuronTensor.__torch_dispatch__` whole (its implementation is registered on
+CompositeExplicitAutograd, below the Python key), runs as one launch in eager mode, is
+one op of a trace in adaptive mode (recorded, matched and replayed like any ATen op), and
+its `register_autograd` backward is whatever ops the user's backward calls (one launch if
+that is another custom kernel).
+
+Note [Custom kernel cost]: the device's cost model prices an op from the bytes it reads and
+writes and, where torch.utils.flop_counter has a formula, its FLOPs. A custom kernel knows
+better (a flash-attention kernel never writes its L x L score matrix), so its `cost` hook
+replaces both. The hook is stored on the op's OpInfo (`cost_hook`, looked up once per
+OpOverload in classify.py), so other ops pay one attribute test for it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from .classify import COST_HOOKS, forget
+
+CostFn = Callable[..., dict]
+
+
+def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: CostFn | None = None,
+                  schema: str | None = None, fake: Callable | bool = False):
+    """Decorator: register `fn` (computing on host tensors) as the custom op `name`
+    ("namespace::op") that runs on neuron as one launch, priced by `cost`.
+
+    `cost(*args, **kwargs)` gets the op's host arguments and returns a dict with "flops"
+    and/or "bytes" (missing keys: 0 FLOPs, the bytes the op really reads and writes).
+    `fake` is the shape function torch.compile traces with (`register_fake`); `fake=True`
+    uses `fn` itself, which works when every op it calls has a meta kernel (no `.item()`,
+    no numpy). Returns the `torch.library.custom_op` object: `.register_autograd`,
+    `.register_fake` and calling it work as for any custom op.
+    """
+    def register(fn):
+        op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema)
+        if cost is not None:
+            set_cost(op, cost)
+        if fake:
+            op.register_fake(fn if fake is True else fake)
+        return op
+    return register
+
+
+def set_cost(op, cost: CostFn) -> None:
+    """Give an existing custom op (or any OpOverload) its own cost estimate on neuron."""
+    overload = getattr(op, "_opoverload", op)
+    if not isinstance(overload, torch._ops.OpOverload):
+        raise TypeError(
+            f"set_cost needs a torch.library.custom_op or an OpOverload (torch.ops.ns.op.default), "
+            f"got {type(op).__name__}.")
+    if not callable(cost):
+        raise TypeError(f"cost must be a function of the op's arguments returning "
+                        f"{{'flops': ..., 'bytes': ...}}, got {type(cost).__name__}.")
+    COST_HOOKS[overload] = _CostHook(str(overload), cost)
+    forget(overload)  # an OpInfo classified before this call must not keep the old cost
+
+
+class _CostHook:
+    """Calls the user's cost function; returns (flops, bytes). Called with the host
+    arguments and the bytes measured for the op (the default when the hook gives none)."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, name: str, fn: CostFn):
+        self.name = name
+        self.fn = fn
+
+    def __call__(self, args, kwargs, measured_bytes: int) -> tuple[float, int]:
+        est = self.fn(*args, **kwargs)
+        if not isinstance(est, dict) or not set(est) <= {"flops", "bytes"}:
+            raise TypeError(
+                f"the cost function of custom kernel {self.name} returned {est!r}; it must return a dict "
+                f"with the keys 'flops' and/or 'bytes', e.g. {{'flops': x.numel(), 'bytes': 2 * x.nbytes}}.")
+        return float(est.get("flops", 0)), int(est.get("bytes", measured_bytes))

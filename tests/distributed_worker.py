@@ -1,0 +1,203 @@
+"""One rank of tests/test_distributed.py, started by `torchrun --nproc-per-node=2` (127.0.0.1).
+
+Usage: distributed_worker.py OUT_DIR [--default-init]. Each rank writes OUT_DIR/rank<N>.json
+with what it observed; the tests assert on those files. Checks that would stop the run are
+recorded as values, not asserted here, so one failure does not hide the others.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import adaptive_eager
+from adaptive_eager.mode import SWITCH
+
+DDP_STEPS = 4
+LOOP_STEPS = 12
+
+
+def collectives(rank: int, world: int) -> dict:
+    """Every collective the backend offers, on neuron tensors, with their results."""
+    out = {}
+    x = torch.arange(4, dtype=torch.float32, device="neuron") + rank
+    memory_before = adaptive_eager.stats().memory_bytes
+    returned = dist.all_reduce(x)
+    out["all_reduce_sum"] = x.tolist()
+    out["all_reduce_returns_none"] = returned is None
+    out["all_reduce_device"] = str(x.device)
+    out["memory_unchanged_by_all_reduce"] = adaptive_eager.stats().memory_bytes == memory_before
+    m = torch.tensor([float(rank), 10.0 - rank], device="neuron")
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    out["all_reduce_max"] = m.tolist()
+    b = torch.full((3,), float(rank + 5), device="neuron")
+    dist.broadcast(b, src=1)
+    out["broadcast_from_1"] = b.tolist()
+    gathered = [torch.empty(2, device="neuron") for _ in range(world)]
+    dist.all_gather(gathered, torch.full((2,), float(rank), device="neuron"))
+    out["all_gather_list"] = [g.tolist() for g in gathered]
+    out["all_gather_list_devices"] = [str(g.device) for g in gathered]
+    into = torch.empty(2 * world, device="neuron")
+    dist.all_gather_into_tensor(into, torch.full((2,), float(rank + 1), device="neuron"))
+    out["all_gather_into_tensor"] = into.tolist()
+    scattered = torch.empty(2, device="neuron")
+    dist.reduce_scatter_tensor(scattered, torch.arange(2 * world, dtype=torch.float32, device="neuron") * (rank + 1))
+    out["reduce_scatter_tensor"] = scattered.tolist()
+    a = torch.ones(3, device="neuron") * (rank + 1)
+    work = dist.all_reduce(a, async_op=True)
+    work.wait()
+    out["async_all_reduce"] = a.tolist()
+    dist.barrier()
+    out["barrier_passed"] = True
+    c = torch.ones(2) * (rank + 1)
+    dist.all_reduce(c)  # CPU tensors on the same group
+    out["cpu_all_reduce"] = c.tolist()
+    try:  # a CPU tensor in a neuron collective: refused before any rank communicates
+        dist.all_gather([torch.empty(2, device="neuron"), torch.empty(2)], torch.ones(2, device="neuron"))
+    except RuntimeError as exc:
+        out["mixed_device_error"] = str(exc)
+    else:
+        out["mixed_device_error"] = None
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank})  # pickled objects through device tensors
+    out["all_gather_object"] = objects
+    world_group = dist.group.WORLD
+    out["backend_types"] = {d: type(world_group._get_backend(torch.device(d))).__name__ for d in ("neuron", "cpu")}
+    return out
+
+
+def _step(w, collective: bool):
+    h = (w @ w).tanh()
+    h.mul_(0.5)
+    if collective:
+        dist.all_reduce(h)
+    return h.add(1.0).div(3.0)
+
+
+def _loop_with_collective(rank: int):
+    """A repeating step with a collective in it and no host read: every step's value."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, device="neuron") + rank
+    results = []
+    for _ in range(LOOP_STEPS):
+        w = _step(w, collective=True)
+        results.append(w)
+    return [r.cpu() for r in results]
+
+
+def _collective_after_a_trace_prefix(rank: int):
+    """Steps without a collective until a trace is cached, then the trace's first ops
+    (held back by the engine) and a collective of their result."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, device="neuron") + rank
+    for _ in range(LOOP_STEPS):
+        w = _step(w, collective=False)
+    h = (w @ w).tanh()
+    dist.all_reduce(h)
+    return [h.cpu(), w.cpu()]
+
+
+def _eager_then_adaptive(fn, rank: int):
+    with adaptive_eager.mode("eager"):
+        eager = fn(rank)
+    SWITCH.adaptive.reset()  # an engine that has seen nothing (as tests/conftest.py does)
+    adaptive_eager.reset_stats()
+    adaptive = fn(rank)
+    identical = all(torch.equal(a, b) for a, b in zip(eager, adaptive))
+    traces = list(SWITCH.adaptive.cache.values())
+    return identical, adaptive_eager.stats(), traces
+
+
+def collectives_in_the_adaptive_engine(rank: int) -> dict:
+    """Default (adaptive) mode: results equal eager's; a collective is a sync point."""
+    out = {"mode": adaptive_eager.get_mode()}
+    identical, stats, traces = _eager_then_adaptive(_loop_with_collective, rank)
+    out["loop_identical_to_eager"] = identical
+    out["loop_fused_launches"] = stats.fused_launches
+    out["loop_traces"] = len(traces)
+    out["loop_collectives_in_traces"] = sum(p.info.is_collective for t in traces for p in t.protos)
+    identical, stats, _ = _eager_then_adaptive(_collective_after_a_trace_prefix, rank)
+    out["prefix_identical_to_eager"] = identical
+    out["prefix_flushes"] = stats.flushes
+    return out
+
+
+def _train(device: str, group, rank: int):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(device)
+    ddp = DDP(model, process_group=group)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+    losses = []
+    for _ in range(DDP_STEPS):
+        x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+        loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [p.detach().cpu() for p in model.parameters()], [float(v) for v in losses]
+
+
+def ddp(rank: int, world: int) -> dict:
+    """DDP on neuron (the "neuron" group) against the same loop on CPU (a gloo group)."""
+    cpu_params, cpu_losses = _train("cpu", dist.new_group(backend="gloo"), rank)
+    neuron_params, neuron_losses = _train("neuron", None, rank)
+    # DDP keeps the ranks' parameters equal: compare this rank's with rank 0's.
+    flat = torch.cat([p.flatten() for p in neuron_params])
+    rank0 = flat.clone()
+    dist.broadcast(rank0, src=0)
+    return {"ddp_params_identical_to_cpu": all(torch.equal(a, b) for a, b in zip(cpu_params, neuron_params)),
+            "ddp_losses_identical_to_cpu": cpu_losses == neuron_losses,
+            "ddp_params_changed": not torch.equal(flat, torch.cat([p.flatten() for p in _initial_params()])),
+            "ddp_params_equal_across_ranks": torch.equal(flat, rank0)}
+
+
+def _initial_params():
+    torch.manual_seed(0)
+    return list(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).parameters())
+
+
+def ddp_pinned_options() -> dict:
+    """Options that need pinned memory: refused for a neuron model, still fine on CPU."""
+    cpu_group = dist.new_group(backend="gloo")
+    DDP(nn.Linear(4, 4), process_group=cpu_group, static_graph=True)
+    out = {"cpu_static_graph_accepted": True}
+    for option in ("static_graph", "find_unused_parameters"):
+        model = nn.Linear(4, 4).to("neuron")
+        try:
+            DDP(model, **{option: True})
+        except NotImplementedError as exc:
+            out[option] = str(exc)
+        else:
+            out[option] = None
+    return out
+
+
+def main() -> None:
+    out_dir = sys.argv[1]
+    if "--default-init" in sys.argv:
+        dist.init_process_group()  # no backend: the accelerator's default
+    else:
+        dist.init_process_group(backend="neuron")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = {"rank": rank, "world": world, "backend": dist.get_backend()}
+    result.update(collectives(rank, world))
+    if "--default-init" not in sys.argv:
+        result.update(collectives_in_the_adaptive_engine(rank))
+        result.update(ddp(rank, world))
+        result["ddp_pinned_option_errors"] = ddp_pinned_options()
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
