@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from dispatch import NeuronTensor
-from dispatch.kernels import run_on_host
+from dispatch.kernels import has_normal_tensor, run_on_host
 from dispatch.record import CPU_SCALAR, Slot
 from dispatch.tensor import NEURON_DEVICES, DeferredCell, resolve_data
 
@@ -150,10 +150,14 @@ def compile_replay(trace, k: int):
     proto, refs = trace.protos[k], trace.inputs[k]
     src = _Source()
     _emit_call(src, proto, refs, result="flat")
+    # A view op's outputs share an input's storage, which is tracked already.
+    returns = proto.info.op._schema.returns
+    views_only = all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
     for slot, spec in enumerate(proto.out_specs):
         if spec[0] == "new":  # Note [Deferred values]: fill the wrapper's cell if it lives
             src.emit(f"h = flat[{slot}]")
-            src.emit("track(h.untyped_storage())")
+            if not views_only:
+                src.emit("track(h.untyped_storage())")
             src.emit(f"c = outs[{slot}]()")
             src.emit("if c is not None: c.data = h")
     for j, slot in trace.last_use[k]:  # values read for the last time by this op
@@ -168,11 +172,12 @@ def compile_replay(trace, k: int):
 
 def compile_outputs(proto: OpProto):
     """outputs(values, position) -> (return value, weakrefs of new outputs' cells per slot):
-    pending.make_outputs written out for one position (view ops keep the general one: their
-    outputs depend on inference mode)."""
-    if proto.info.is_view:
-        return lambda values, position: make_outputs(proto, values, position)
+    pending.make_outputs written out for one position."""
     src = _Source()
+    if proto.info.is_view:
+        # As in eager dispatch, a view of a normal tensor made in inference mode stays a
+        # normal tensor: make_outputs handles that case.
+        src.emit(f"if INFERENCE() and HAS_NORMAL(values): return MAKE_OUTPUTS({src.const(proto)}, values, position)")
     device = src.const(NEURON_DEVICES[proto.device])
     refs = []
     for slot, spec in enumerate(proto.out_specs):
@@ -191,7 +196,8 @@ def compile_outputs(proto: OpProto):
         src.emit(f"o{slot}._producer = (position, {slot})")
     src.emit(f"return {_template_expr(proto.ret_t)}, [{', '.join(refs)}]")
     return _define("outputs", "values, position", src, MAKE=torch.Tensor._make_wrapper_subclass, NT=NeuronTensor,
-                   CELL=DeferredCell, REF=weakref.ref)
+                   CELL=DeferredCell, REF=weakref.ref, INFERENCE=torch.is_inference_mode_enabled,
+                   HAS_NORMAL=has_normal_tensor, MAKE_OUTPUTS=make_outputs)
 
 
 def _template_expr(template) -> str:
