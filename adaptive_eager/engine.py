@@ -165,6 +165,11 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._flush("synchronize")
             self.pending = None
+            if self._steady < self._pause_after:
+                # A cut of the stream, as a sync op is: in the history as a barrier, so a
+                # loop that synchronizes every step gets a trace that starts right after it
+                # (not at the quietest cut, which a sync would then split every step).
+                self._advance(_SYNC_MARK, ())
             self._raise_error()
 
     # -- matching ---------------------------------------------------------------------------
@@ -484,6 +489,19 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+
+
+class _SyncMark:
+    """An explicit synchronize in the history: what the detector and _adopt read of a proto."""
+
+    barrier = True
+    signature = ("torch.neuron.synchronize",)
+    name = "synchronize"
+    device = None
+    out_specs = ()
+
+
+_SYNC_MARK = _SyncMark()
 
 
 def _repeats_shorter_unit(seg, minimum: int) -> bool:
