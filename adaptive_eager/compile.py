@@ -1,4 +1,4 @@
-"""Straight-line Python for each op of a trace: a matcher and a runner.
+"""Straight-line Python for each op of a trace: a matcher, a runner and a replay.
 
 The steady-state cost of the engine is paid per op, so each trace position gets code of
 its own, generated once when the trace is cached:
@@ -9,6 +9,8 @@ its own, generated once when the trace is cached:
   by type. It returns the call's slot values, or None (a divergence).
 - the runner calls the op on host data with the arguments wired in: internal inputs from
   the launch's results, outside inputs from their wrappers, scalars as bound.
+- the replay is the runner plus the launch's bookkeeping for that position (filling
+  deferred wrappers, freeing values at their last read), used once the op's cost is known.
 
 Both must agree exactly with `dispatch.record.OpRecord` (the slow path that builds the
 trace): the same slot numbering, the same keys. tests/test_adaptive*.py run every loop in
@@ -16,13 +18,16 @@ both modes and compare bit for bit.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from dispatch import NeuronTensor
-from dispatch.kernels import run_on_host
+from dispatch.kernels import has_normal_tensor, run_on_host
 from dispatch.record import CPU_SCALAR, Slot
-from dispatch.tensor import resolve_data
+from dispatch.tensor import NEURON_DEVICES, DeferredCell, resolve_data
 
+from .pending import make_outputs
 from .trace import OpProto, flat_tensors
 
 class _Source:
@@ -132,6 +137,88 @@ def _run_value(src: _Source, template, key, refs) -> str:
 def compile_runner(proto: OpProto, refs: tuple):
     """run(bound, results) -> the op's host outputs in slot order (see trace.py)."""
     src = _Source()
+    _emit_call(src, proto, refs)
+    return _define("run", "bound, results", src, **_call_env(proto))
+
+
+def compile_replay(trace, k: int):
+    """replay(bound, results, outs, track): op k of a launch once its cost is known, with
+    Pending._run_one's bookkeeping written out for this position (which outputs are new,
+    which values die here, whether a later op reads the outputs): the per-op cost of a
+    steady-state launch. Must do exactly what _run_one does; the tests run both (the first
+    launch of a position takes _run_one)."""
+    proto, refs = trace.protos[k], trace.inputs[k]
+    src = _Source()
+    _emit_call(src, proto, refs, result="flat")
+    # A view op's outputs share an input's storage, which is tracked already.
+    returns = proto.info.op._schema.returns
+    views_only = all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    for slot, spec in enumerate(proto.out_specs):
+        if spec[0] == "new":  # Note [Deferred values]: fill the wrapper's cell if it lives
+            src.emit(f"h = flat[{slot}]")
+            if not views_only:
+                src.emit("track(h.untyped_storage())")
+            src.emit(f"c = outs[{slot}]()")
+            src.emit("if c is not None: c.data = h")
+    for j, slot in trace.last_use[k]:  # values read for the last time by this op
+        src.emit(f"r = results[{j}]")
+        src.emit(f"if r is not None: r[{slot}] = None")
+    if trace.consumed[k]:
+        for slot in trace.unread_slots[k]:
+            src.emit(f"flat[{slot}] = None")
+        src.emit(f"results[{k}] = flat")
+    return _define("replay", "bound, results, outs, track", src, **_call_env(proto))
+
+
+def compile_outputs(proto: OpProto):
+    """outputs(values, position) -> (return value, weakrefs of new outputs' cells per slot):
+    pending.make_outputs written out for one position."""
+    src = _Source()
+    if proto.info.is_view:
+        # As in eager dispatch, a view of a normal tensor made in inference mode stays a
+        # normal tensor: make_outputs handles that case.
+        src.emit(f"if INFERENCE() and HAS_NORMAL(values): return MAKE_OUTPUTS({src.const(proto)}, values, position)")
+    device = src.const(NEURON_DEVICES[proto.device])
+    refs = []
+    for slot, spec in enumerate(proto.out_specs):
+        if spec[0] == "alias":
+            src.emit(f"o{slot} = values[{spec[1]}]")
+            refs.append("None")
+        else:
+            size, stride, offset, dtype = (src.const(x) for x in spec[1:5])
+            # NeuronTensor.deferred, inlined: one call less per op on the steady-state path.
+            src.emit(f"o{slot} = MAKE(NT, {size}, strides={stride}, storage_offset={offset}, dtype={dtype}, "
+                     f"device={device}, requires_grad=False)")
+            src.emit(f"o{slot}._data = None")
+            src.emit(f"o{slot}._device_index = {proto.device}")
+            src.emit(f"c{slot} = o{slot}._cell = CELL()")
+            refs.append(f"REF(c{slot})")
+        src.emit(f"o{slot}._producer = (position, {slot})")
+    src.emit(f"return {_template_expr(proto.ret_t)}, [{', '.join(refs)}]")
+    return _define("outputs", "values, position", src, MAKE=torch.Tensor._make_wrapper_subclass, NT=NeuronTensor,
+                   CELL=DeferredCell, REF=weakref.ref, INFERENCE=torch.is_inference_mode_enabled,
+                   HAS_NORMAL=has_normal_tensor, MAKE_OUTPUTS=make_outputs)
+
+
+def _template_expr(template) -> str:
+    """The expression that rebuilds a return value from o<slot> locals (pending._fill)."""
+    if template is None:
+        return "None"
+    if isinstance(template, int):
+        return f"o{template}"
+    items = [_template_expr(t) for t in template]
+    if isinstance(template, tuple):
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return "[" + ", ".join(items) + "]"
+
+
+def _call_env(proto: OpProto) -> dict:
+    return dict(RESOLVE=resolve_data, OP=proto.info.op._op, INFO=proto.info, RUN=run_on_host, FLAT=flat_tensors)
+
+
+def _emit_call(src: _Source, proto: OpProto, refs: tuple, result: str | None = None) -> None:
+    """Lines that call the op on host values and leave its outputs, in slot order, in
+    `result` (or return them)."""
     _, arg_keys, kw_keys = proto.signature
     names = []
     for i, (t, k) in enumerate(zip(proto.args_t, arg_keys)):
@@ -150,16 +237,15 @@ def compile_runner(proto: OpProto, refs: tuple):
                  f"{{{', '.join(f'{n!r}: {v}' for n, v in kw_exprs)}}})")
     else:
         src.emit(f"out = OP({', '.join(x for x in (call_args, call_kwargs) if x)})")
+    lead = "return" if result is None else f"{result} ="
     if proto.ret_t is None and info.mutates:
         written = [names[i] for i in info.written_args if i < len(names)]
         written += [f"k_{n}" for n in info.written_kwargs if n in dict(kw_exprs)]
-        src.emit(f"return FLAT(({', '.join(written)},))")
+        src.emit(f"{lead} FLAT(({', '.join(written)},))")
     elif isinstance(proto.ret_t, int):
-        src.emit("return [out]")
+        src.emit(f"{lead} [out]")
     else:
-        src.emit("return FLAT(out)")
-    return _define("run", "bound, results", src, RESOLVE=resolve_data, OP=info.op._op, INFO=info,
-                   RUN=run_on_host, FLAT=flat_tensors)
+        src.emit(f"{lead} FLAT(out)")
 
 
 def _define(name: str, params: str, src: _Source, **env):

@@ -30,7 +30,7 @@ from dispatch.record import OpRecord, user_source_line
 
 from .config import EngineConfig
 from .detector import PeriodDetector
-from .pending import Pending, make_outputs
+from .pending import Pending
 from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
 
 _RECENT = 20  # divergences and flushes kept for explain()
@@ -56,18 +56,23 @@ class _TraceCache(cachetools.LRUCache):
     def __init__(self, maxsize: int):
         super().__init__(maxsize)
         self.by_start: dict[tuple, list[Trace]] = {}
+        # The same traces by their first op's OpOverload: the fast start (Engine._fast_start)
+        # tries their generated first-position matchers without describing the call.
+        self.by_first_op: dict = {}
 
     def add(self, trace: Trace) -> None:
         self[trace.key] = trace
-        starts = self.by_start.setdefault(trace.protos[0].signature, [])
-        starts.append(trace)
-        starts.sort(key=len, reverse=True)  # the longest match wins
+        for index, key in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
+            starts = index.setdefault(key, [])
+            starts.append(trace)
+            starts.sort(key=len, reverse=True)  # the longest match wins
 
     def popitem(self):
         key, trace = super().popitem()
-        starts = self.by_start.get(trace.protos[0].signature, [])
-        if trace in starts:
-            starts.remove(trace)
+        for index, k in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
+            starts = index.get(k, [])
+            if trace in starts:
+                starts.remove(trace)
         return key, trace
 
 
@@ -124,12 +129,19 @@ class AdaptiveExecutor(Executor):
                     hasattr(func, "_neuron_special") and not transfers.stays_on_device(func, args, kwargs)):
                 return self._sync_op(info, args, kwargs)
             p = self.pending
-            if self._backoff and p is None and self._enter_at is None:
-                return self._run_backing_off(info, args, kwargs)
-            if p is not None and p.done != p.pos and self._enter_at is None:
-                out = self._match_fast(p, func, args, kwargs)  # the steady-state path
-                if out is not _NO_MATCH:
-                    return out
+            if self._enter_at is None:
+                if p is None:
+                    if self._backoff:
+                        return self._run_backing_off(info, args, kwargs)
+                    starts = self.cache.by_first_op.get(func)
+                    if starts:
+                        out = self._fast_start(starts, func, args, kwargs)
+                        if out is not _NO_MATCH:
+                            return out
+                elif p.done != p.pos:
+                    out = self._match_fast(p, func, args, kwargs)  # the steady-state path
+                    if out is not _NO_MATCH:
+                        return out
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe (sparse layouts): run it now
@@ -155,6 +167,11 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._flush("synchronize")
             self.pending = None
+            if self._steady < self._pause_after:
+                # A cut of the stream, as a sync op is: in the history as a barrier, so a
+                # loop that synchronizes every step gets a trace that starts right after it
+                # (not at the quietest cut, which a sync would then split every step).
+                self._advance(_SYNC_MARK, ())
             self._raise_error()
 
     # -- matching ---------------------------------------------------------------------------
@@ -203,6 +220,19 @@ class AdaptiveExecutor(Executor):
                 self._complete(p)
         return out
 
+    def _fast_start(self, starts, func, args, kwargs):
+        """Start matching a cached trace with its generated first-position matcher: the
+        steady-state way into a trace, without describing the call as an OpRecord. The
+        matcher checks what the signature holds, so it accepts exactly what _try_start would."""
+        for trace in starts:
+            p = self.pending = Pending(trace, self.position)
+            out = self._match_fast(p, func, args, kwargs)
+            if out is not _NO_MATCH:
+                self.cache.get(trace.key)  # touch: recently used
+                return out
+        self.pending = None
+        return _NO_MATCH
+
     def _match_fast(self, p: Pending, func, args, kwargs):
         """Match the next position with its generated matcher (compile.py)."""
         k = p.pos
@@ -229,7 +259,8 @@ class AdaptiveExecutor(Executor):
         p.positions.append(position)  # sync ops may sit between trace ops in the stream
         if p.trace.sources[p.pos] is None:
             p.trace.sources[p.pos] = user_source_line() or "(autograd engine)"
-        out, refs = make_outputs(proto, values, position)
+        fn = proto.outputs_fn
+        out, refs = fn(values, position) if fn is not None else proto.outputs(values, position)
         p.bound.append(bound)
         p.outs.append(refs)
         p.pos += 1
@@ -470,6 +501,19 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+
+
+class _SyncMark:
+    """An explicit synchronize in the history: what the detector and _adopt read of a proto."""
+
+    barrier = True
+    signature = ("torch.neuron.synchronize",)
+    name = "synchronize"
+    device = None
+    out_specs = ()
+
+
+_SYNC_MARK = _SyncMark()
 
 
 def _launch_profiled(p: Pending) -> int:

@@ -34,9 +34,19 @@ class OpProto:
     device: int
     barrier: bool  # cannot be deferred: runs eagerly and cuts traces (Note [Sync points])
     name: str = ""
+    outputs_fn: object = None  # compile.compile_outputs, generated when first deferred
 
     def __post_init__(self):
         self.name = self.info.name
+
+    def outputs(self, values, position: int):
+        """The deferred op's return value and its new outputs' cell weakrefs (make_outputs)."""
+        fn = self.outputs_fn
+        if fn is None:
+            from .compile import compile_outputs
+
+            fn = self.outputs_fn = compile_outputs(self)
+        return fn(values, position)
 
 
 def flat_tensors(out) -> list:
@@ -128,6 +138,7 @@ class Trace:
         # nothing to generate.
         self.matchers = _LazyCode(self, "matcher")
         self.runners = _LazyCode(self, "runner")
+        self.replays = _LazyCode(self, "replay")
         self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
         # The user's source line of each op, taken the first time the op is matched (one
         # stack walk per position, once): for errors in deferred launches and explain().
@@ -148,7 +159,7 @@ class Trace:
 
 
 class _LazyCode:
-    """trace.matchers[k] / trace.runners[k]: generated on first access, then kept."""
+    """trace.matchers[k] / runners[k] / replays[k]: generated on first access, then kept."""
 
     __slots__ = ("trace", "kind", "code")
 
@@ -159,10 +170,15 @@ class _LazyCode:
     def __getitem__(self, k: int):
         fn = self.code[k]
         if fn is None:
-            from .compile import compile_matcher, compile_runner
+            from .compile import compile_matcher, compile_replay, compile_runner
 
             proto, refs = self.trace.protos[k], self.trace.inputs[k]
-            fn = compile_matcher(proto, refs, len(refs)) if self.kind == "matcher" else compile_runner(proto, refs)
+            if self.kind == "matcher":
+                fn = compile_matcher(proto, refs, len(refs))
+            elif self.kind == "runner":
+                fn = compile_runner(proto, refs)
+            else:
+                fn = compile_replay(self.trace, k)
             self.code[k] = fn
         return fn
 

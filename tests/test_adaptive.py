@@ -261,3 +261,58 @@ def test_peak_memory_matches_eager_when_the_loop_keeps_its_losses():
         return torch.neuron.max_memory_allocated()
 
     assert run("adaptive") == run("eager")
+
+
+def test_steady_state_describes_no_op(monkeypatch):
+    """Once a step is a cached trace, every op (the step's first included) is matched by
+    generated code: none is described as an OpRecord, the slow path of the engine."""
+    from adaptive_eager import engine
+
+    adaptive_eager.set_mode("adaptive")
+    torch.manual_seed(0)
+    net = _mlp().to("neuron")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    described = []
+    real = engine.OpRecord.from_call
+    monkeypatch.setattr(engine.OpRecord, "from_call",
+                        classmethod(lambda cls, *a, **k: described.append(a[0]) or real(*a, **k)))
+    before = adaptive_eager.stats().launches  # stats() does not synchronize; reset_stats() would
+    for _ in range(3):
+        step()
+    assert adaptive_eager.stats().launches - before == 3
+    assert described == [], [str(f) for f in described][:10]
+
+
+def test_loop_that_synchronizes_every_step_runs_one_launch_per_step():
+    """An explicit synchronize ends the match; the trace must then start right after it
+    (it used to start at the quietest cut a few ops earlier, so every step was split and
+    ran almost entirely eagerly)."""
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(0)
+        net = _mlp().to("neuron")
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+        launches = []
+        for _ in range(10):
+            before = adaptive_eager.stats().launches
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+            torch.neuron.synchronize()
+            launches.append(adaptive_eager.stats().launches - before)
+        return [p.cpu() for p in net.parameters()], launches
+
+    eager_params, _ = run("eager")
+    params, launches = run("adaptive")
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, params))
+    assert launches[WARMUP:] == [1] * (10 - WARMUP), launches

@@ -474,6 +474,9 @@ def run(program: Program, mode: str, fresh: bool = True):
                 torch.neuron.synchronize()
             rng = torch.neuron.get_rng_state().clone()  # first, before any read syncs
             final = {k: _host(v) for k, v in held.items()}
+            # What the live tensors hold on the device: the engine keeps nothing extra alive
+            # once synchronized, and counts each storage once, as eager mode does.
+            final["(device memory allocated)"] = repr(torch.neuron.memory_allocated())
             error = None
         except Exception as exc:  # both modes must fail alike
             rng, final, error = None, {}, f"{type(exc).__name__}: {exc}"
