@@ -238,14 +238,25 @@ def _emit_call(src: _Source, proto: OpProto, refs: tuple, result: str | None = N
     else:
         src.emit(f"out = OP({', '.join(x for x in (call_args, call_kwargs) if x)})")
     lead = "return" if result is None else f"{result} ="
+    # The outputs in slot order, flattened as trace.flat_tensors does; spelled out where the
+    # structure is fixed by the signature (a foreach op's tensor lists, a tuple of tensors).
     if proto.ret_t is None and info.mutates:
-        written = [names[i] for i in info.written_args if i < len(names)]
-        written += [f"k_{n}" for n in info.written_kwargs if n in dict(kw_exprs)]
-        src.emit(f"{lead} FLAT(({', '.join(written)},))")
+        written = [(names[i], proto.args_t[i]) for i in info.written_args if i < len(names)]
+        written += [(f"k_{n}", proto.kwargs_t[n]) for n in info.written_kwargs if n in dict(kw_exprs)]
+        if all(_is_tensor_or_tensor_list(t) for _, t in written):
+            src.emit(f"{lead} [{', '.join(name if type(t) is Slot else '*' + name for name, t in written)}]")
+        else:
+            src.emit(f"{lead} FLAT(({', '.join(name for name, _ in written)},))")
     elif isinstance(proto.ret_t, int):
         src.emit(f"{lead} [out]")
+    elif all(t is None or isinstance(t, int) for t in proto.ret_t):
+        src.emit(f"{lead} [{', '.join(f'out[{i}]' for i, t in enumerate(proto.ret_t) if t is not None)}]")
     else:
         src.emit(f"{lead} FLAT(out)")
+
+
+def _is_tensor_or_tensor_list(template) -> bool:
+    return type(template) is Slot or (type(template) in (list, tuple) and all(type(t) is Slot for t in template))
 
 
 def _define(name: str, params: str, src: _Source, **env):

@@ -116,6 +116,25 @@ def _result_is_tensors(result) -> bool:
     return False
 
 
+class TraceKey:
+    """A trace's identity in the cache (its signatures and dataflow) with its hash computed
+    once: the LRU touches the key on every trace start, and hashing the nested tuple of a
+    long trace each time cost more than the rest of the start."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, TraceKey) and self._hash == other._hash
+                                 and self.parts == other.parts)
+
+
 class Trace:
     """A cached sequence of ops, replayed as one launch."""
 
@@ -126,7 +145,7 @@ class Trace:
         self.protos = protos
         # per op, per value slot: (op index, output slot) if produced inside the trace, else None
         self.inputs = inputs
-        self.key = tuple((p.signature, i) for p, i in zip(protos, inputs))
+        self.key = TraceKey(tuple((p.signature, i) for p, i in zip(protos, inputs)))
         self.device = protos[0].device
         self.hits = 0  # completed matches
         self.divergences = 0
