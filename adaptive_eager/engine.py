@@ -47,6 +47,7 @@ class EngineCounters:
         self.fused_ops = 0
         self.trace_hits = 0
         self.divergences = 0
+        self.switches = 0  # matches handed to another trace with the same prefix (_switch_trace)
         self.flushes: collections.Counter = collections.Counter()
 
 
@@ -198,8 +199,31 @@ class AdaptiveExecutor(Executor):
                     self.pending = p
         out = self._match_one(p, rec)
         if out is _NO_MATCH:
+            out = self._switch_trace(p, rec)
+        if out is _NO_MATCH:
             self._diverge(p, rec)
         return out
+
+    def _switch_trace(self, p: Pending, rec: OpRecord):
+        """Traces that start alike (a `t` begins many) share their first ops: when the one
+        being matched diverges, another cached trace with the very same prefix (signatures
+        and dataflow) that matches this op takes over the match, with everything deferred
+        or launched so far. Without it the longest trace, tried first, diverged at every
+        occurrence of its first op that begins a shorter trace."""
+        k = p.pos
+        prefix = p.trace.key.parts[:k]
+        for trace in self.cache.by_start.get(p.trace.protos[0].signature, ()):
+            if (trace is p.trace or len(trace) <= k or trace.protos[k].signature != rec.signature
+                    or trace.key.parts[:k] != prefix):
+                continue
+            old = p.trace
+            p.switch(trace)
+            out = self._match_one(p, rec)
+            if out is not _NO_MATCH:
+                self.counters.switches += 1
+                return out
+            p.switch(old)
+        return _NO_MATCH
 
     def _try_start(self, rec: OpRecord):
         for trace in self.cache.by_start.get(rec.signature, ()):

@@ -91,7 +91,7 @@ def _render(e: Explanation) -> list[str]:
     lines += [
         f"counters: {s.ops} ops, {s.launches} launches, {s.fused_launches} fused launches "
         f"running {s.fused_ops} ops (fused share {e.fused_share:.0%})",
-        f"  trace hits {s.trace_hits}, divergences {s.divergences}",
+        f"  trace hits {s.trace_hits}, divergences {s.divergences}, switches to a trace with the same start {s.trace_switches}",
         f"cached traces: {len(e.traces)}",
     ]
     shown = sorted(e.traces, key=lambda t: (-t.hits, t.id))[:_MAX_TRACES_SHOWN]

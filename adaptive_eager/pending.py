@@ -34,6 +34,13 @@ class Pending:
         self.results: list = [None] * len(trace)  # host outputs of launched ops, while needed
         self.device_us = 0.0  # emulated device time of the latest launch
 
+    def switch(self, trace: Trace) -> None:
+        """Continue as a match of `trace`, whose first `pos` ops are this trace's (same
+        signatures and dataflow): what was deferred or launched so far stays valid."""
+        self.trace = trace
+        if len(self.results) < len(trace):
+            self.results.extend([None] * (len(trace) - len(self.results)))
+
     @property
     def complete(self) -> bool:
         return self.pos == len(self.trace)

@@ -27,6 +27,7 @@ class Stats:
     traces: int = 0  # traces cached now
     trace_hits: int = 0  # traces matched to the end
     divergences: int = 0  # matches abandoned because an op differed from the trace
+    trace_switches: int = 0  # matches handed over to a cached trace with the same first ops
     flushes: dict = dataclasses.field(default_factory=dict)  # reason -> pending work launched early
 
 
@@ -57,6 +58,7 @@ def stats(device=None) -> Stats:
         traces=len(engine.cache),
         trace_hits=engine.counters.trace_hits,
         divergences=engine.counters.divergences,
+        trace_switches=engine.counters.switches,
         flushes=dict(engine.counters.flushes),
     )
 

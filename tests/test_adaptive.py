@@ -316,3 +316,28 @@ def test_loop_that_synchronizes_every_step_runs_one_launch_per_step():
     params, launches = run("adaptive")
     assert all(torch.equal(a, b) for a, b in zip(eager_params, params))
     assert launches[WARMUP:] == [1] * (10 - WARMUP), launches
+
+
+def test_traces_with_the_same_first_op_hand_over_instead_of_diverging():
+    """Two sync-bounded segments start with the same op (as `t` begins many backward
+    segments under DDP). The longer trace is tried first at both; where the shorter one is
+    the stream, the match switches to it with what was deferred, instead of diverging
+    every step."""
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        x = torch.arange(12.0).reshape(3, 4).to("neuron")
+        m = torch.ones(3, 2).to("neuron")
+        reads, divergences = [], []
+        for _ in range(12):
+            reads.append(x.t().relu().sum().item())  # segment 1: t, relu, sum, then a read
+            b = (x.t() @ m).exp().mean()  # segment 2: t, mm, exp, mean, add_, then a read
+            x.add_(0.01)
+            reads.append(b.item())
+            divergences.append(adaptive_eager.stats().divergences)
+        return reads, divergences
+
+    eager_reads, _ = run("eager")
+    reads, divergences = run("adaptive")
+    assert reads == eager_reads
+    assert divergences[-1] == divergences[WARMUP], divergences
+    assert adaptive_eager.stats().trace_switches >= 12 - WARMUP
