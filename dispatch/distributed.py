@@ -29,6 +29,8 @@ import inspect
 
 import torch
 
+from device.profiling import mark_device_time, profile_range, profiler_enabled
+
 from .context import CONTEXT
 from .kernels import op_cost_us, unwrap, wrap_new
 from .tensor import NeuronTensor
@@ -124,6 +126,13 @@ def _guard_ddp_options() -> None:
 def run_collective(info, args, kwargs):
     """Run one c10d op on the host data of its neuron tensors (a sync point: executors call
     this only after every pending op has run)."""
+    if profiler_enabled():  # as an eager op: a named range with its device time (Note [Profiler ranges])
+        with profile_range("neuron::" + info.op._schema.name):
+            return _run_collective(info, args, kwargs, profiled=True)
+    return _run_collective(info, args, kwargs, profiled=False)
+
+
+def _run_collective(info, args, kwargs, profiled: bool):
     u = unwrap(info, args, kwargs)
     CONTEXT.ops[u.device] += 1
     out = info.op(*u.args, **u.kwargs)
@@ -133,7 +142,9 @@ def run_collective(info, args, kwargs):
     result = _rewrap(out, wrappers, u.device)
     # Counted as one launch of a memory-bound kernel on the bytes it reads (the network
     # between ranks is not modelled).
-    CONTEXT.runtime.launch(u.device, op_cost_us(info, u, None))
+    device_us = CONTEXT.runtime.launch(u.device, op_cost_us(info, u, None))
+    if profiled:
+        mark_device_time(device_us, ops=1, device=u.device)
     return result
 
 

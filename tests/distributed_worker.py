@@ -55,6 +55,12 @@ def collectives(rank: int, world: int) -> dict:
     out["async_all_reduce"] = a.tolist()
     dist.barrier()
     out["barrier_passed"] = True
+    from torch.profiler import ProfilerActivity, profile
+
+    p = torch.ones(2, device="neuron")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(p)
+    out["profiled_collective_ranges"] = sorted({e.name for e in prof.events() if e.name.startswith("neuron::c10d")})
     c = torch.ones(2) * (rank + 1)
     dist.all_reduce(c)  # CPU tensors on the same group
     out["cpu_all_reduce"] = c.tolist()

@@ -137,6 +137,10 @@ def test_async_all_reduce_is_complete_after_wait_and_barrier_returns(ranks):
         assert r["barrier_passed"] is True
 
 
+def test_a_collective_is_a_named_profiler_range(ranks):
+    assert [r["profiled_collective_ranges"] for r in ranks] == [["neuron::c10d::allreduce_"]] * 2
+
+
 def test_the_group_serves_cpu_tensors_too(ranks):
     assert [r["cpu_all_reduce"] for r in ranks] == [[3.0, 3.0], [3.0, 3.0]]
 
