@@ -36,12 +36,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _torchrun_command() -> list[str]:
+    """The `torchrun` script next to this interpreter; else the module it runs (a venv made
+    with --system-site-packages has no script of its own)."""
+    script = pathlib.Path(sys.executable).with_name("torchrun")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+_TORCHRUN = _torchrun_command()
+
+
 def _torchrun(*args: str) -> subprocess.Popen:
     port = _free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo")  # gloo's pairs on loopback too
-    cmd = [str(pathlib.Path(sys.executable).with_name("torchrun")), "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={port}", *args]
+    cmd = [*_TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={port}", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
