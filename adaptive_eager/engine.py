@@ -210,6 +210,10 @@ class AdaptiveExecutor(Executor):
         and dataflow) that matches this op takes over the match, with everything deferred
         or launched so far. Without it the longest trace, tried first, diverged at every
         occurrence of its first op that begins a shorter trace."""
+        if p.done:
+            # A launched prefix freed its values by this trace's last reads; another trace
+            # may read them later (a random-program search found it): no hand-over then.
+            return _NO_MATCH
         k = p.pos
         prefix = p.trace.key.parts[:k]
         for trace in self.cache.by_start.get(p.trace.protos[0].signature, ()):

@@ -36,7 +36,10 @@ class Pending:
 
     def switch(self, trace: Trace) -> None:
         """Continue as a match of `trace`, whose first `pos` ops are this trace's (same
-        signatures and dataflow): what was deferred or launched so far stays valid."""
+        signatures and dataflow), none launched yet: what was deferred stays valid."""
+        for k in range(self.pos):
+            if trace.sources[k] is None:
+                trace.sources[k] = self.trace.sources[k]
         self.trace = trace
         if len(self.results) < len(trace):
             self.results.extend([None] * (len(trace) - len(self.results)))

@@ -602,6 +602,18 @@ def test_pure_repeating_program_matches_eager_and_fuses(seed):
         f"fused (stats: {stats}):\n{program.source()}")
 
 
+# Programs outside CI's seed range that once differed, with what they found.
+FOUND_BY_SEARCH = {
+    1008049: "a match handed to another trace after a sync had launched part of it: the "
+             "launch had freed a value the other trace still reads",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(FOUND_BY_SEARCH))
+def test_program_found_by_a_search_matches_eager(seed):
+    check(generate(seed))
+
+
 def test_programs_back_to_back_share_the_engine():
     """Traces cached by one program meet the next (similar shapes): re-entry and divergence."""
     _fresh_engine()
