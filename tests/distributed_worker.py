@@ -165,6 +165,29 @@ def ddp(rank: int, world: int) -> dict:
             "ddp_params_equal_across_ranks": torch.equal(flat, rank0)}
 
 
+def ddp_steady_state(rank: int) -> dict:
+    """A DDP loop in adaptive mode with a loss read every step: launches and divergences
+    per step, to show the engine settles (collectives and reads cut every step the same way)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank)).to("neuron")
+    y = torch.arange(8).remainder(4).to("neuron")
+    launches, divergences = [], []
+    for _ in range(LOOP_STEPS):
+        before = adaptive_eager.stats()
+        loss = F.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+        after = adaptive_eager.stats()
+        launches.append(after.launches - before.launches)
+        divergences.append(after.divergences - before.divergences)
+    return {"ddp_steady_launches": launches, "ddp_steady_divergences": divergences}
+
+
 def _initial_params():
     torch.manual_seed(0)
     return list(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).parameters())
@@ -198,6 +221,7 @@ def main() -> None:
     if "--default-init" not in sys.argv:
         result.update(collectives_in_the_adaptive_engine(rank))
         result.update(ddp(rank, world))
+        result.update(ddp_steady_state(rank))
         result["ddp_pinned_option_errors"] = ddp_pinned_options()
     dist.barrier()
     dist.destroy_process_group()
