@@ -18,6 +18,7 @@ both modes and compare bit for bit.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -27,8 +28,8 @@ from dispatch.kernels import has_normal_tensor, run_on_host
 from dispatch.record import CPU_SCALAR, Slot
 from dispatch.tensor import NEURON_DEVICES, DeferredCell, resolve_data
 
-from .pending import make_outputs
 from .trace import OpProto, flat_tensors
+
 
 class _Source:
     """Accumulates generated lines and the constants they refer to."""
@@ -172,32 +173,37 @@ def compile_replay(trace, k: int):
 
 def compile_outputs(proto: OpProto):
     """outputs(values, position) -> (return value, weakrefs of new outputs' cells per slot):
-    pending.make_outputs written out for one position."""
+    what a deferred op hands out, written out for one position. Written inputs (in-place,
+    out=) are returned as themselves; new outputs are deferred wrappers."""
     src = _Source()
+    indent = 1
     if proto.info.is_view:
-        # As in eager dispatch, a view of a normal tensor made in inference mode stays a
-        # normal tensor: make_outputs handles that case.
-        src.emit(f"if INFERENCE() and HAS_NORMAL(values): return MAKE_OUTPUTS({src.const(proto)}, values, position)")
+        # As in eager dispatch (_deferred_output), a view of a normal tensor made in
+        # inference mode stays a normal tensor: made with inference mode off.
+        src.emit("with INFERENCE_OFF(False) if INFERENCE() and HAS_NORMAL(values) else NO_GUARD:")
+        indent = 2
     device = src.const(NEURON_DEVICES[proto.device])
     refs = []
     for slot, spec in enumerate(proto.out_specs):
         if spec[0] == "alias":
-            src.emit(f"o{slot} = values[{spec[1]}]")
+            src.emit(f"o{slot} = values[{spec[1]}]", indent)
             refs.append("None")
         else:
             size, stride, offset, dtype = (src.const(x) for x in spec[1:5])
-            # NeuronTensor.deferred, inlined: one call less per op on the steady-state path.
+            # A deferred wrapper (Note [Deferred values] in dispatch/tensor.py): NeuronTensor's
+            # metadata, `_data` None, and the cell the launch fills.
             src.emit(f"o{slot} = MAKE(NT, {size}, strides={stride}, storage_offset={offset}, dtype={dtype}, "
-                     f"device={device}, requires_grad=False)")
-            src.emit(f"o{slot}._data = None")
-            src.emit(f"o{slot}._device_index = {proto.device}")
-            src.emit(f"c{slot} = o{slot}._cell = CELL()")
+                     f"device={device}, requires_grad=False)", indent)
+            src.emit(f"o{slot}._data = None", indent)
+            src.emit(f"o{slot}._device_index = {proto.device}", indent)
+            src.emit(f"c{slot} = o{slot}._cell = CELL()", indent)
             refs.append(f"REF(c{slot})")
-        src.emit(f"o{slot}._producer = (position, {slot})")
+        src.emit(f"o{slot}._producer = (position, {slot})", indent)
     src.emit(f"return {_template_expr(proto.ret_t)}, [{', '.join(refs)}]")
     return _define("outputs", "values, position", src, MAKE=torch.Tensor._make_wrapper_subclass, NT=NeuronTensor,
                    CELL=DeferredCell, REF=weakref.ref, INFERENCE=torch.is_inference_mode_enabled,
-                   HAS_NORMAL=has_normal_tensor, MAKE_OUTPUTS=make_outputs)
+                   HAS_NORMAL=has_normal_tensor, INFERENCE_OFF=torch._C._InferenceMode,
+                   NO_GUARD=contextlib.nullcontext())
 
 
 def _template_expr(template) -> str:

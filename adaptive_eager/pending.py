@@ -1,7 +1,7 @@
 """A trace being matched: the ops deferred so far, and their launch (replay).
 
 Note [Deferred values]: outputs handed to the user while a trace is matched are wrappers
-with `_data = None` (dispatch.NeuronTensor.deferred) whose DeferredCell the launch fills.
+with `_data = None` (made by compile.compile_outputs) whose DeferredCell the launch fills.
 We hold only weak references to the cells, never references to the wrappers: a strong
 one changes autograd's reference-count decisions (whether AccumulateGrad steals a
 gradient), and with them the op stream itself; a weak one on the tensor makes
@@ -11,16 +11,15 @@ Values produced inside the trace are bound by position, never by object.
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from dispatch import CONTEXT, NeuronTensor
-from dispatch.kernels import has_normal_tensor, op_flops
+from dispatch.kernels import op_flops
 from dispatch.record import _rebind
 from dispatch.tensor import resolve_data
 
 from .trace import Trace
+
 
 class Pending:
     def __init__(self, trace: Trace, base: int):
@@ -165,36 +164,3 @@ def _check_metadata(spec, host: torch.Tensor, proto) -> None:
         raise AssertionError(
             f"adaptive engine bug: {proto.name} produced {tuple(host.shape)}/{host.stride()}/{host.dtype} "
             f"but the cached trace promised {spec[1]}/{spec[2]}/{spec[4]}")
-
-
-def make_outputs(proto, values, stream_pos: int):
-    """The values a deferred op returns now: written inputs as themselves, new outputs as
-    deferred wrappers. Returns (return value, weakrefs of new outputs per slot)."""
-    objs, refs = [], []
-    device = proto.device
-    for slot, spec in enumerate(proto.out_specs):
-        if spec[0] == "alias":
-            o = values[spec[1]]
-            refs.append(None)
-        else:
-            o = _deferred_output(proto, spec, values, device)
-            refs.append(weakref.ref(o._cell))
-        o._producer = (stream_pos, slot)
-        objs.append(o)
-    return _fill(proto.ret_t, objs), refs
-
-
-def _deferred_output(proto, spec, values, device: int) -> NeuronTensor:
-    if proto.info.is_view and torch.is_inference_mode_enabled() and has_normal_tensor(values):
-        # As in eager dispatch: a view of a normal tensor stays a normal tensor.
-        with torch.inference_mode(False):
-            return NeuronTensor.deferred(spec[1], spec[2], spec[3], spec[4], device)
-    return NeuronTensor.deferred(spec[1], spec[2], spec[3], spec[4], device)
-
-
-def _fill(template, objs):
-    if template is None:
-        return None
-    if isinstance(template, int):
-        return objs[template]
-    return type(template)(_fill(t, objs) for t in template)

@@ -40,7 +40,7 @@ class OpProto:
         self.name = self.info.name
 
     def outputs(self, values, position: int):
-        """The deferred op's return value and its new outputs' cell weakrefs (make_outputs)."""
+        """The deferred op's return value and its new outputs' cell weakrefs (compile_outputs)."""
         fn = self.outputs_fn
         if fn is None:
             from .compile import compile_outputs

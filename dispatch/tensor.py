@@ -47,17 +47,6 @@ class NeuronTensor(torch.Tensor):
         t._device_index = device_index
         return t
 
-    @classmethod
-    def deferred(cls, size, stride, offset, dtype, device_index: int) -> "NeuronTensor":
-        """A wrapper with this metadata whose value a later launch fills in."""
-        t = torch.Tensor._make_wrapper_subclass(
-            cls, size, strides=stride, storage_offset=offset, dtype=dtype,
-            device=NEURON_DEVICES[device_index], requires_grad=False)
-        t._data = None
-        t._device_index = device_index
-        t._cell = DeferredCell()
-        return t
-
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
@@ -122,7 +111,7 @@ class NeuronTensor(torch.Tensor):
 class DeferredCell:
     """Where a launch leaves a deferred wrapper's value (or its error)."""
 
-    __slots__ = ("data", "error", "__weakref__")
+    __slots__ = ("__weakref__", "data", "error")
 
     def __init__(self):
         self.data = None
