@@ -62,6 +62,15 @@ def _match_value(src: _Source, expr: str, template, key, refs) -> None:
                 # Produced by op ref[0] of this trace: its metadata is the trace's by construction.
                 src.emit(f"v = {expr}")
                 src.emit(f"if v.__class__ is not NT or v._producer != (p.positions[{want}[0]], {want}[1]): return None")
+            elif key[4].type == "neuron":
+                # The common case, cheapest checks first: a neuron tensor from outside the trace
+                # (the device by index: `v.device` builds a torch.device on every read).
+                shape, stride, offset, dtype = (src.const(x) for x in key[:4])
+                src.emit(f"v = {expr}")
+                src.emit(f"if v.__class__ is not NT or v._device_index != {key[4].index} or v.shape != {shape} "
+                         f"or v.stride() != {stride} or v.storage_offset() != {offset} or v.dtype != {dtype}: return None")
+                src.emit("pr = v._producer")
+                src.emit("if pr is not None and pr[0] >= p.base or v._data is None and RESOLVE(v) is None: return None")
             else:
                 shape, stride, offset, dtype, device = (src.const(x) for x in key)
                 src.emit(f"v = {expr}")
