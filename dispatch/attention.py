@@ -8,11 +8,12 @@ same model, different bits. The emulated device runs host kernels, so its SDPA p
 way the host does: a kernel on AutogradPrivateUse1 asks `_fused_sdp_choice` about CPU
 tensors with the inputs' metadata (the choice depends only on metadata, dropout and the
 `torch.nn.attention.sdpa_kernel` flags, read now: a deferred replay must not see later flags).
-Without dropout it runs that choice as the one-launch kernel `neuron::attention` (forward) and
-`neuron::attention_backward` (builtin_kernels.py), which compute exactly what the chosen host
-kernel and CPU autograd compute. With dropout, or a mask that needs a gradient, it mirrors
-the C++ body with differentiable ATen ops (several launches), so autograd records the same
-backward as on CPU.
+It runs that choice as a one-launch kernel each way (builtin_kernels.py): `neuron::attention`
+and `neuron::attention_backward` without dropout, `neuron::attention_dropout` and its
+backward with dropout (the host's math path; the mask is drawn from the device generator
+where the decomposition would draw it). Both compute exactly what the host kernel and CPU
+autograd compute. Only a mask that needs a gradient keeps the C++ body's differentiable
+ATen ops (several launches), so autograd records the same backward as on CPU.
 
 Under `torch.inference_mode()` the autograd key is skipped: the op reaches
 `__torch_dispatch__` whole and the executor runs its C++ decomposition, which takes the
@@ -44,10 +45,14 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         choice = aten._fused_sdp_choice(
             _host_shadow(query), _host_shadow(key), _host_shadow(value), _host_shadow(attn_mask),
             dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if builtin_kernels.fused_attention_applies(attn_mask, dropout_p):
+    if builtin_kernels.fused_attention_applies(attn_mask):
         # One launch forward, one backward, computing what the chosen host kernel computes.
-        return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                         choice == _FLASH)[0]
+        if dropout_p == 0.0:
+            return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                             choice == _FLASH)[0]
+        if choice != _FLASH:  # with dropout the host takes the math path
+            return builtin_kernels.attention_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                     enable_gqa)[0]
     if choice == _FLASH:
         mask = builtin_kernels.additive_mask(attn_mask, query.dtype)
         return aten._scaled_dot_product_flash_attention_for_cpu(

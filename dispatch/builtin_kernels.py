@@ -9,7 +9,9 @@ bit-identical to CPU:
   the CPU flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, saving its
   logsumexp for the backward) or the math path. `neuron::attention_backward` is the flash
   kernel's own backward, or for the math path a recomputation under host autograd, which
-  runs the very backward ops CPU autograd would run.
+  runs the very backward ops CPU autograd would run. With dropout (the host's math path),
+  `neuron::attention_dropout` draws the mask from the device generator and its backward
+  replays it from the generator state the forward started from.
 - `neuron::rms_norm` runs `aten::rms_norm`'s composite body on the host (CPU has no fused
   RMSNorm kernel), `neuron::rms_norm_backward` its autograd backward by recomputation.
 
@@ -128,12 +130,83 @@ def _attention_grad(ctx, grad_out, grad_lse):
 attention.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 
-def fused_attention_applies(attn_mask, dropout_p: float) -> bool:
-    """True if one `neuron::attention` launch computes this SDPA call exactly. Dropout draws
-    random numbers the backward would have to replay, and a mask that needs a gradient has
-    none here: those keep the host's decomposition (several ops)."""
-    return dropout_p == 0.0 and (attn_mask is None or not attn_mask.requires_grad
-                                 or not torch.is_grad_enabled())
+def fused_attention_applies(attn_mask) -> bool:
+    """True if one launch each way computes this SDPA call exactly: a mask that needs a
+    gradient gets none from these kernels, so it keeps the host's decomposition (several ops)."""
+    return attn_mask is None or not attn_mask.requires_grad or not torch.is_grad_enabled()
+
+
+# With dropout the host always takes the math path (its flash kernel has no dropout). The
+# forward draws the dropout mask where the decomposition would, from the device's generator
+# (random=True: run_on_host lends it as torch's default generator), and returns the
+# generator state it started from. The backward recomputes the forward from that state
+# under host autograd, without advancing any generator: the same mask, and the backward
+# ops CPU autograd runs for the decomposition.
+
+def _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return aten._scaled_dot_product_attention_math(
+        q, k, v, additive_mask(attn_mask, q.dtype), dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def _attention_dropout_cost(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, False)
+
+
+def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    out = _math(query, key, value, additive_mask(attn_mask, query.dtype), is_causal, scale, enable_gqa)
+    return out, torch.empty_like(torch.default_generator.get_state(), device=query.device)
+
+
+@custom_kernel("neuron::attention_dropout", cost=_attention_dropout_cost, fake=_attention_dropout_fake, random=True)
+def attention_dropout(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                      is_causal: bool, scale: float | None, enable_gqa: bool) -> tuple[Tensor, Tensor]:
+    """SDPA with dropout as the host's math path computes it: (out, the generator state its
+    dropout started from)."""
+    state = torch.default_generator.get_state()
+    return _math_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa), state
+
+
+def _attention_dropout_backward_cost(grad, q, k, v, attn_mask, rng_state, dropout_p, is_causal, scale, enable_gqa):
+    mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
+    return {"flops": 5 * _score_flops(q, k), "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + mask_bytes}
+
+
+def _attention_dropout_backward_fake(grad, query, key, value, *_):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+@custom_kernel("neuron::attention_dropout_backward", cost=_attention_dropout_backward_cost,
+               fake=_attention_dropout_backward_fake)
+def attention_dropout_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
+                               rng_state: Tensor, dropout_p: float, is_causal: bool, scale: float | None,
+                               enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor]:
+    default = torch.default_generator
+    saved = default.get_state()
+    default.set_state(rng_state)  # the forward's dropout mask again; no generator advances
+    try:
+        dq, dk, dv = _vjp(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
+                          (query, key, value), grad, (True, True, True))
+    finally:
+        default.set_state(saved)
+    return dq, dk, dv
+
+
+def _attention_dropout_setup(ctx, inputs, output):
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs
+    ctx.save_for_backward(query, key, value, attn_mask, output[1])
+    ctx.flags = (dropout_p, is_causal, scale, enable_gqa)
+    ctx.set_materialize_grads(False)
+
+
+def _attention_dropout_grad(ctx, grad_out, grad_state):
+    if grad_out is None:
+        return (None,) * 8
+    query, key, value, attn_mask, rng_state = ctx.saved_tensors
+    dq, dk, dv = attention_dropout_backward(grad_out, query, key, value, attn_mask, rng_state, *ctx.flags)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_dropout.register_autograd(_attention_dropout_grad, setup_context=_attention_dropout_setup)
 
 
 # -- RMSNorm ----------------------------------------------------------------------------------

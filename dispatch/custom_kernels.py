@@ -35,7 +35,7 @@ CostFn = Callable[..., dict]
 
 
 def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: CostFn | None = None,
-                  schema: str | None = None, fake: Callable | bool = False):
+                  schema: str | None = None, fake: Callable | bool = False, random: bool = False):
     """Decorator: register `fn` (computing on host tensors) as the custom op `name`
     ("namespace::op") that runs on neuron as one launch, priced by `cost`.
 
@@ -43,11 +43,16 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
     and/or "bytes" (missing keys: 0 FLOPs, the bytes the op really reads and writes).
     `fake` is the shape function torch.compile traces with (`register_fake`); `fake=True`
     uses `fn` itself, which works when every op it calls has a meta kernel (no `.item()`,
-    no numpy). Returns the `torch.library.custom_op` object: `.register_autograd`,
-    `.register_fake` and calling it work as for any custom op.
+    no numpy). `random=True` marks a kernel that draws from torch's default CPU generator
+    (torch.rand, dropout, ...): on neuron it then draws from the device's generator in
+    stream order (Note [RNG order]), as ATen's random ops do. Returns the
+    `torch.library.custom_op` object: `.register_autograd`, `.register_fake` and calling it
+    work as for any custom op.
     """
+    tags = (torch.Tag.nondeterministic_seeded,) if random else ()
+
     def register(fn):
-        op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema)
+        op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema, tags=tags)
         if cost is not None:
             set_cost(op, cost)
         if fake:

@@ -69,6 +69,24 @@ def test_custom_kernel_is_one_launch_and_computes_on_the_host(eager):
     assert torch.equal(y.cpu(), x * 2.5)
 
 
+@adaptive_eager.custom_kernel("ck_test::jitter", random=True)
+def jitter(x: Tensor) -> Tensor:
+    return x + torch.rand_like(x)  # torch's default generator: the device's, on neuron
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_random_custom_kernel_draws_from_the_device_generator_in_stream_order(mode):
+    x = torch.zeros(5)
+    with adaptive_eager.mode(mode):
+        torch.manual_seed(3)  # CPU's and the device's generators alike
+        expected = [jitter(torch.rand(5) + x) for _ in range(6)]
+        torch.manual_seed(3)
+        xn = x.to("neuron")
+        got = [jitter(torch.rand(5, device="neuron") + xn) for _ in range(6)]
+        torch.rand(1)  # CPU draws in between must not shift the device's numbers
+        assert [torch.equal(g.cpu(), e) for g, e in zip(got, expected)] == [True] * 6
+
+
 def test_cost_hook_prices_the_launch_instead_of_bytes(eager):
     cost = CONTEXT.runtime.cost
     xn = torch.randn(64).to("neuron")
@@ -231,11 +249,31 @@ def test_attention_cost_counts_two_score_matmuls_and_no_score_matrix(eager):
     assert busy == pytest.approx(cost.op_us(flops, 4 * qn.nbytes, torch.float32))
 
 
-def test_attention_with_dropout_keeps_the_host_decomposition(eager):
-    qn, kn, vn = _to_neuron(_qkv())
-    names = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.5))
-    assert "neuron.attention.default" not in names
-    assert "aten.native_dropout.default" in names
+@pytest.mark.parametrize("case", ["causal", "bool_mask", "float_mask", "grouped_query"])
+def test_attention_with_dropout_is_one_op_each_way_and_matches_cpu(case, eager):
+    """With dropout the host takes the math path; the kernel draws the same mask from the
+    device generator where the decomposition would, and its backward replays it without
+    drawing again: outputs, gradients and the generator state all equal CPU's."""
+    (q, k, v), kwargs, on_neuron = _attention_case(case)
+    qn, kn, vn = _to_neuron((q, k, v))
+    torch.manual_seed(11)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.4, **kwargs)
+    torch.neuron.manual_seed(11)
+    fwd = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.4, **on_neuron))
+    assert [n for n in fwd if n != "aten.detach.default"] == ["neuron.attention_dropout.default"]
+    torch.neuron.manual_seed(11)
+    out_n = F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.4, **on_neuron)
+    assert torch.equal(out_n.cpu(), out)
+    assert not torch.allclose(out, F.scaled_dot_product_attention(q, k, v, **kwargs)), "nothing was dropped"
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    loss = out_n.square().sum()
+    after_forward = torch.neuron.get_rng_state()
+    bwd = _kernel_ops(lambda: torch.autograd.grad(loss, (qn, kn, vn), retain_graph=True))
+    assert [n for n in bwd if "attention" in n or "dropout" in n] == ["neuron.attention_dropout_backward.default"]
+    for a, b in zip(grads, torch.autograd.grad(loss, (qn, kn, vn))):
+        assert torch.equal(b.cpu(), a)
+    assert torch.equal(torch.neuron.get_rng_state(), after_forward)  # the backward drew nothing
+    assert torch.equal(torch.neuron.get_rng_state(), torch.get_rng_state())  # as many draws as CPU
 
 
 def test_attention_mask_that_needs_a_gradient_keeps_the_host_decomposition(eager):
@@ -353,28 +391,29 @@ def test_compiled_attention_and_rms_norm_match_eager_forward_and_backward(eager)
 # -- both kernels in a training loop, eager and adaptive ------------------------------------
 
 class TinyBlock(nn.Module):
-    def __init__(self, dim=16, heads=2):
+    def __init__(self, dim=16, heads=2, dropout=0.0):
         super().__init__()
-        self.heads = heads
+        self.heads, self.dropout = heads, dropout
         self.norm1, self.norm2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
         self.qkv, self.proj, self.head = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), nn.Linear(dim, 4)
 
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return self.head(self.norm2(x))
 
 
-def _train(device, mode, steps=8):
-    torch.manual_seed(0)
-    model = TinyBlock().to(device)
+def _train(device, mode, steps=8, dropout=0.0):
+    torch.manual_seed(0)  # seeds the neuron generator too
+    model = TinyBlock(dropout=dropout).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(2, 6, 16, generator=g).to(device), torch.randn(2, 6, 4, generator=g).to(device))
             for _ in range(steps)]
     losses, per_step = [], []
+    torch.manual_seed(1)  # dropout draws from CPU's generator on CPU, the device's on neuron: both seeded alike
     with adaptive_eager.mode(mode):
         adaptive_eager.reset_stats()
         for x, y in data:
@@ -402,3 +441,14 @@ def test_training_with_both_kernels_matches_cpu_in_eager_and_adaptive_mode():
     kernels = [n for n in rec.names() if n.startswith("neuron.")]
     assert sorted(kernels) == sorted(["neuron.attention.default", "neuron.attention_backward.default"]
                                      + ["neuron.rms_norm.default", "neuron.rms_norm_backward.default"] * 2)
+
+
+def test_training_with_attention_dropout_matches_cpu_in_eager_and_adaptive_mode():
+    cpu_losses, _, cpu_params = _train("cpu", "eager", dropout=0.3)
+    assert cpu_losses != _train("cpu", "eager")[0], "dropout changed nothing: the test compares nothing random"
+    for mode in ("eager", "adaptive"):
+        losses, per_step, params = _train("neuron", mode, dropout=0.3)
+        assert losses == cpu_losses, mode
+        for a, b in zip(params, cpu_params):
+            assert torch.equal(a, b), mode
+    assert per_step[-1] == 1, per_step  # the dropout kernel joins the step's fused launch
