@@ -16,8 +16,9 @@ autograd compute. Only a mask that needs a gradient keeps the C++ body's differe
 ATen ops (several launches), so autograd records the same backward as on CPU.
 
 Under `torch.inference_mode()` the autograd key is skipped: the op reaches
-`__torch_dispatch__` whole and the executor runs its C++ decomposition, which takes the
-math path on neuron (the PrivateUse1 choice stub), not this kernel.
+`__torch_dispatch__` whole, and the executor runs this same function
+(`_neuron_decomposition`, Executor.decomposed), not the C++ decomposition, whose
+PrivateUse1 choice stub would always take the math path.
 """
 from __future__ import annotations
 
@@ -63,3 +64,5 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
 
 def register(lib: torch.library.Library) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
+    # Under inference_mode the op skips that key and reaches the executor whole: the same choice.
+    aten.scaled_dot_product_attention.default._neuron_decomposition = _sdpa

@@ -261,3 +261,5 @@ def _rms_norm_kernel(input, normalized_shape, weight=None, eps=None):
 def register(lib: torch.library.Library) -> None:
     """Route aten ops on neuron to the shipped kernels (attention: see attention.py)."""
     lib.impl("rms_norm", _rms_norm_kernel, "AutogradPrivateUse1")
+    # Under inference_mode the op reaches the executor whole: one op there too.
+    aten.rms_norm.default._neuron_decomposition = _rms_norm_kernel

@@ -36,9 +36,13 @@ class Executor(abc.ABC):
     @staticmethod
     def decomposed(info, func, args, kwargs):
         """CompositeImplicitAutograd ops reach us whole only when autograd is skipped
-        (inference_mode): run their decomposition, as the autograd key would have.
-        NotImplemented if the op has none."""
+        (inference_mode): run what the autograd key would have run. That is our own
+        AutogradPrivateUse1 kernel where we registered one (`_neuron_decomposition`: SDPA's
+        kernel choice, RMSNorm), else the op's decomposition. NotImplemented if it has none."""
         if info.decomposes:
+            own = getattr(func, "_neuron_decomposition", None)
+            if own is not None:
+                return own(*args, **kwargs)
             return func.decompose(*args, **kwargs)
         return NotImplemented
 
@@ -51,7 +55,7 @@ class EagerExecutor(Executor):
     def execute(self, func, args, kwargs):
         info = getattr(func, "_neuron_info", None) or classify(func)
         if info.decomposes:
-            out = func.decompose(*args, **kwargs)
+            out = self.decomposed(info, func, args, kwargs)
             if out is not NotImplemented:
                 return out
         special = getattr(func, "_neuron_special", None)

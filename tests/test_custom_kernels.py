@@ -297,20 +297,29 @@ def test_attention_under_autocast_runs_the_kernel_in_bfloat16(eager):
     assert torch.equal(out_n.cpu(), expected)
 
 
-def test_attention_in_inference_mode_takes_the_math_path_today(eager):
-    """Known gap: inference_mode skips the autograd key, so the op reaches __torch_dispatch__
-    whole and runs its C++ decomposition, whose PrivateUse1 choice is math, not CPU's flash."""
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_inference_mode_runs_the_kernels_with_cpus_bits(mode):
+    """inference_mode skips the autograd key, so SDPA and rms_norm reach the executor whole;
+    they run our kernels there too (not the C++ decomposition, whose PrivateUse1 SDPA choice
+    is always math): CPU's flash bits, one kernel op each."""
     q = torch.randn(2, 2, 5, 4)
-    qn = q.to("neuron")
-    with torch.inference_mode():
-        out_n = F.scaled_dot_product_attention(qn, qn, qn, is_causal=True).cpu()
+    x, w = torch.randn(3, 4), torch.randn(4)
+    qn, xn, wn = q.to("neuron"), x.to("neuron"), w.to("neuron")
+    with adaptive_eager.mode(mode), torch.inference_mode():
+        flash = F.scaled_dot_product_attention(q, q, q, is_causal=True)
         with torch.nn.attention.sdpa_kernel(SDPBackend.MATH):
             math = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-        flash = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    assert torch.equal(out_n, math)
-    assert not torch.equal(out_n, flash)  # if this starts failing, the gap is closed: update the docs
-    with torch.no_grad():  # the workaround (footgun 10): the kernel, CPU's bits
-        assert torch.equal(F.scaled_dot_product_attention(qn, qn, qn, is_causal=True).cpu(), flash)
+        assert not torch.equal(flash, math), "flash and math agree here: the test tells nothing"
+        for _ in range(6):  # adaptive mode: also once the step is a fused trace
+            out_n = F.scaled_dot_product_attention(qn, qn, qn, is_causal=True)
+            norm_n = F.rms_norm(xn, (4,), wn)
+            assert torch.equal(out_n.cpu(), flash)
+            assert torch.equal(norm_n.cpu(), F.rms_norm(x, (4,), w))
+        if mode == "eager":  # one launch each (record_ops sees only the outer op here)
+            before = _launches()
+            F.scaled_dot_product_attention(qn, qn, qn, is_causal=True)
+            F.rms_norm(xn, (4,), wn)
+            assert _launches() - before == 2
 
 
 # -- RMSNorm ----------------------------------------------------------------------------------

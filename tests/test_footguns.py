@@ -10,7 +10,6 @@ behaviour. When one gets fixed, its test fails: update the table and the test to
 | 5 | a bad `NEURON_*` value                                        | `import torch` itself fails (cause names the variable) | torch's backend autoload re-raises any entry-point error (test_device_api.py pins the message) | fix the variable, or `TORCH_DEVICE_BACKEND_AUTOLOAD=0`    |
 | 7 | `import device` (or `dispatch`) before anything imports torch | `neuron` is not registered until `import adaptive_eager` | torch's autoload runs while our package is half-imported and leaves registration to it | `import torch` or `import adaptive_eager` first (the usual order) |
 | 9 | `DDP(neuron_model, static_graph=True)` or `find_unused_parameters=True` | NotImplementedError at construction, naming the option (pinned by test_distributed.py) | DDP's reducer then needs pinned host memory, which needs C++ | leave the option off (CPU models keep both) |
-| 10 | `scaled_dot_product_attention` under `torch.inference_mode()` | torch's C++ math path: not bit-identical to CPU's flash kernel (pinned by test_custom_kernels.py) | inference mode skips the autograd key our attention kernel is registered on | `torch.no_grad()` takes the kernel, bit-identical to CPU |
 """
 import io
 
