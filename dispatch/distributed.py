@@ -68,11 +68,13 @@ def install() -> bool:
 
 
 # -- DDP options that need pinned memory ---------------------------------------------------------
-# DDP's C++ reducer keeps its map of used parameters in pinned host memory when the parameters
-# are on an accelerator (the same options work for a CPU model: tests/test_distributed.py). `static_graph=True` and `find_unused_parameters=True` use that map, and
-# its allocation asks the accelerator for a pinned allocator, which a Python backend cannot
-# register (torch's Python PrivateUse1 hooks have no such method): the first backward then
-# failed with "implement `getPinnedMemoryAllocator`". We refuse at construction instead.
+# DDP's C++ reducer keeps its map of used parameters in pinned host memory when the
+# parameters are on an accelerator (the same options work for a CPU model:
+# tests/test_distributed.py). `static_graph=True` and `find_unused_parameters=True` use that
+# map, and its allocation asks the accelerator for a pinned allocator, which a Python
+# backend cannot register (torch's Python PrivateUse1 hooks have no such method): the first
+# backward then failed with "implement `getPinnedMemoryAllocator`". We refuse at
+# construction instead.
 _PINNED_OPTIONS = ("static_graph", "find_unused_parameters")
 _PINNED_OPTION_HINTS = {
     "static_graph": "",
