@@ -410,11 +410,22 @@ class _Gen:
         its = sorted(r.sample(range(1, self.reps), min(self.reps - 1, r.randint(1, 2))))
         return [f"if i in {tuple(its)}:  # divergent iteration", "    " + alt, "else:", f"    {name} = {x} + {y}"]
 
+    def kernel(self):
+        """The shipped custom kernels (attention, RMSNorm): one op each in a trace."""
+        x, y, z = self.as_m(), self.as_m(), self.as_m()
+        r = self.rng
+        options = r.choice(["is_causal=True", "attn_mask=mask[:, :4]", "dropout_p=0.25", "scale=lr"])
+        expr = r.choice([
+            f"torch.nn.functional.scaled_dot_product_attention({x}[None], {y}[None], {z}[None], {options})[0]",
+            f"torch.nn.functional.rms_norm({x}, (6,), {self.pick(V)}, eps=1e-5)",
+        ])
+        return [f"{self.new(M)} = {expr}"]
+
     def statement(self, pure_only: bool):
         r = self.rng
         makers = [(self.elementwise, 5), (self.scalar, 4), (self.reduction, 3), (self.matmul, 3),
                   (self.inplace, 6), (self.carry, 1), (self.random_op, 2), (self.view_of, 2),
-                  (self.typed, 2), (self.grad_step, 0.7), (self.factory, 1.5)]
+                  (self.typed, 2), (self.grad_step, 0.7), (self.factory, 1.5), (self.kernel, 1)]
         if not pure_only:  # these sync, add no device op, or make iterations differ: may never fuse
             makers += [(self.host_mutation, 0.5), (self.drop, 1), (self.alias_flip, 1), (self.swap, 3),
                        (self.host_read, 2), (self.sync, 0.5), (self.h2d, 1), (self.divergent, 1),
@@ -630,7 +641,8 @@ def test_generator_covers_every_feature():
                    "torch.neuron.synchronize()", ".to('neuron'", "divergent iteration", "@", ".sum(",
                    "b_t", "a_rows", "vec_e", "w_v", "get_rng_state", "manual_seed(i)", "# view", "bfloat16",
                    "backward()", "aliasing changes", "ping-pong", "torch.full(", "neuron:1", "host mutation",
-                   "drop the reference", "nonzero()", "multinomial", "out=", "repr(", "torch.equal("):
+                   "drop the reference", "nonzero()", "multinomial", "out=", "repr(", "torch.equal(",
+                   "scaled_dot_product_attention(", "dropout_p=", "rms_norm("):
         assert needle in text, f"no generated program uses {needle!r}"
     assert sum(generate(s).diverges for s in range(N_PROGRAMS)) >= 20
 
