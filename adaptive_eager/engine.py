@@ -120,9 +120,10 @@ class AdaptiveExecutor(Executor):
     # -- the Executor interface -----------------------------------------------------------
     def execute(self, func, args, kwargs):
         info = getattr(func, "_neuron_info", None) or classify(func)
-        out = self.decomposed(info, func, args, kwargs)
-        if out is not NotImplemented:
-            return out
+        if info.decomposes:  # rare (inference mode): no call on the per-op path otherwise
+            out = self.decomposed(info, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         with self._lock:
             if self.config.launch_blocking:
                 return self._run_now(info, args, kwargs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from dispatch import CONTEXT, NeuronTensor
-from dispatch.kernels import op_flops
+from dispatch.kernels import priced_us
 from dispatch.record import _rebind
 from dispatch.tensor import resolve_data
 
@@ -64,7 +64,7 @@ class Pending:
         try:
             for k in range(start, end):
                 if costs[k] is None:  # the position's first launch: the general path
-                    self._run_one(k, memory, runtime)
+                    self._run_one(k, memory)
                 else:
                     replays[k](bound[k], results, outs[k], track)
                     bound[k] = None  # inputs from outside are released as soon as their op ran
@@ -78,7 +78,7 @@ class Pending:
             self.results = []
         return end - start
 
-    def _run_one(self, k: int, memory, runtime) -> float:
+    def _run_one(self, k: int, memory) -> float:
         trace = self.trace
         results = self.results
         flat = trace.runners[k](self.bound[k], results)
@@ -93,7 +93,7 @@ class Pending:
                 cell.data = host
         cost = trace.op_costs[k]
         if cost is None:
-            cost = trace.op_costs[k] = self._op_cost(k, flat, runtime)
+            cost = trace.op_costs[k] = self._op_cost(k, flat)
         # Note [Deferred values]: each intermediate is dropped after its last read inside the
         # trace (per output: nll_loss_forward's total_weight must not live as long as its loss).
         for j, slot in trace.last_use[k]:
@@ -108,7 +108,7 @@ class Pending:
         self.bound[k] = None  # inputs from outside are released as soon as their op ran
         return cost
 
-    def _op_cost(self, k: int, flat, runtime) -> float:
+    def _op_cost(self, k: int, flat) -> float:
         """Roofline µs of op k inside the launch, computed once: the signature fixes it.
         Only bytes that cross the launch boundary count: inputs from outside, and outputs
         that no later op of the trace reads (they leave the launch)."""
@@ -123,20 +123,15 @@ class Pending:
                 in_bytes += v.nbytes
                 dtype = dtype or v.dtype
         out_bytes = 0 if trace.consumed[k] else sum(t.nbytes for t in flat)
-        flops, nbytes = 0, in_bytes + out_bytes
-        hook = proto.info.cost_hook
-        if proto.info.has_flop_formula or hook is not None:
+        info, args, kwargs = proto.info, (), {}
+        if info.has_flop_formula or info.cost_hook is not None:  # both read the host arguments
             values = [resolve_data(v) if isinstance(v, NeuronTensor) else v for v in self.bound[k]]
             for s, ref in enumerate(trace.inputs[k]):
                 if ref is not None:
                     values[s] = self.results[ref[0]][ref[1]]
             args = tuple(_rebind(t, values) for t in proto.args_t)
             kwargs = {name: _rebind(t, values) for name, t in proto.kwargs_t.items()}
-            if hook is not None:  # a custom kernel prices itself: Note [Custom kernel cost]
-                flops, nbytes = hook(args, kwargs, nbytes)
-            else:
-                flops = op_flops(proto.info, args, kwargs, flat[0] if len(flat) == 1 else flat)
-        return runtime.cost.op_us(flops, nbytes, dtype or torch.float32)
+        return priced_us(info, args, kwargs, flat[0] if len(flat) == 1 else flat, in_bytes + out_bytes, dtype)
 
     def _fail(self, k: int, exc: Exception) -> Exception:
         proto = self.trace.protos[k]

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .custom_kernels import custom_kernel
+from .kernels import DefaultGeneratorLent
 
 aten = torch.ops.aten
 # Keys the autograd kernel above a host op excludes (AutoDispatchBelowADInplaceOrView); a
@@ -180,14 +181,11 @@ def _attention_dropout_backward_fake(grad, query, key, value, *_):
 def attention_dropout_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
                                rng_state: Tensor, dropout_p: float, is_causal: bool, scale: float | None,
                                enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor]:
-    default = torch.default_generator
-    saved = default.get_state()
-    default.set_state(rng_state)  # the forward's dropout mask again; no generator advances
-    try:
+    forward_rng = torch.Generator()
+    forward_rng.set_state(rng_state)  # the forward's dropout mask again; no real generator advances
+    with DefaultGeneratorLent(forward_rng):
         dq, dk, dv = _vjp(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
                           (query, key, value), grad, (True, True, True))
-    finally:
-        default.set_state(saved)
     return dq, dk, dv
 
 

@@ -23,13 +23,21 @@ return neuron tensors but account no launches (their kernels never reach the run
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .classify import classify
 from .context import CONTEXT
-from .kernels import Unwrapped, mismatch_error, op_cost_us, wrap_new
+from .kernels import (
+    DefaultGeneratorLent,
+    Unwrapped,
+    mismatch_error,
+    op_cost_us,
+    wrap_new,
+)
 from .tensor import NeuronTensor
 
 _HOST = torch.device("cpu")
@@ -193,22 +201,13 @@ class CompiledGraph:
                 memory.track(o.untyped_storage())
 
 
-class _device_rng:
+def _device_rng(device_index: int, active: bool):
     """Random ops in a graph use torch's default CPU generator: lend it the device's state
-    for the call (Note [RNG order]), as dispatch.kernels.run_on_host does for one op."""
+    for the call (Note [RNG order]), as run_on_host does for one op."""
+    return DefaultGeneratorLent(CONTEXT.runtime.devices[device_index].generator) if active else _NO_RNG
 
-    def __init__(self, device_index: int, active: bool):
-        self.generator = CONTEXT.runtime.devices[device_index].generator if active else None
 
-    def __enter__(self):
-        if self.generator is not None:
-            self.saved = torch.default_generator.get_state()
-            torch.default_generator.set_state(self.generator.get_state())
-
-    def __exit__(self, *exc):
-        if self.generator is not None:
-            self.generator.set_state(torch.default_generator.get_state())
-            torch.default_generator.set_state(self.saved)
+_NO_RNG = contextlib.nullcontext()
 
 
 class _CostInterpreter(torch.fx.Interpreter):

@@ -116,14 +116,29 @@ def run_on_host(info: OpInfo, device_index: int, args, kwargs):
         kwargs[name] = gen
         return info.op(*args, **kwargs)
     # The op uses torch's default CPU generator (native_dropout, ...): lend it our state.
-    default = torch.default_generator
-    saved = default.get_state()
-    default.set_state(gen.get_state())
-    try:
+    with DefaultGeneratorLent(gen):
         return info.op(*args, **kwargs)
-    finally:
-        gen.set_state(default.get_state())
-        default.set_state(saved)
+
+
+class DefaultGeneratorLent:
+    """Inside the block, torch's default CPU generator draws from `generator`'s state; on
+    exit the state it reached goes back to `generator` and the default gets its own back.
+    For host code that can only use the default generator (Note [RNG order])."""
+
+    __slots__ = ("generator", "saved")
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def __enter__(self):
+        default = torch.default_generator
+        self.saved = default.get_state()
+        default.set_state(self.generator.get_state())
+
+    def __exit__(self, *exc):
+        default = torch.default_generator
+        self.generator.set_state(default.get_state())
+        default.set_state(self.saved)
 
 
 _MATH_BIT_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate) | torch._C.DispatchKeySet(
@@ -218,11 +233,17 @@ def op_cost_us(info: OpInfo, u: Unwrapped, out) -> float:
         for o in out:
             if isinstance(o, torch.Tensor):
                 nbytes += o.nbytes
-    if info.cost_hook is not None:  # a custom kernel's own estimate: Note [Custom kernel cost]
-        flops, nbytes = info.cost_hook(u.args, u.kwargs, nbytes)
-        return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
-    flops = op_flops(info, u.args, u.kwargs, out) if info.has_flop_formula else 0
-    return CONTEXT.runtime.cost.op_us(flops, nbytes, u.dtype or torch.float32)
+    return priced_us(info, u.args, u.kwargs, out, nbytes, u.dtype)
+
+
+def priced_us(info: OpInfo, args, kwargs, out, nbytes: int, dtype) -> float:
+    """Roofline µs of one op on these host arguments moving nbytes: a custom kernel's own
+    estimate (Note [Custom kernel cost]), else FLOPs where torch has a formula."""
+    if info.cost_hook is not None:
+        flops, nbytes = info.cost_hook(args, kwargs, nbytes)
+    else:
+        flops = op_flops(info, args, kwargs, out) if info.has_flop_formula else 0
+    return CONTEXT.runtime.cost.op_us(flops, nbytes, dtype or torch.float32)
 
 
 def op_flops(info: OpInfo, args, kwargs, out) -> float:
