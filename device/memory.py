@@ -82,6 +82,29 @@ class DeviceMemory:
             if self.allocated > self.peak:
                 self.peak = self.allocated
 
+    # -- launches on the device stream (device/stream.py) -----------------------------------
+    # A launch run by the stream's worker reports its intermediates' sizes (they never had a
+    # Python object); the host charges them, in launch order, when the launch finishes.
+    def charge_transient(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated += nbytes
+            self.num_allocs += 1
+            if self.allocated > self.peak:
+                self.peak = self.allocated
+
+    def release_transient(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated -= nbytes
+            self.num_frees += 1
+
+    def adopt_transient(self, storage: torch.UntypedStorage, nbytes: int) -> None:
+        """An intermediate charged with charge_transient outlived its launch (a view of it
+        left): track the storage itself from now on, instead of the charge."""
+        with self._lock:
+            self.allocated -= nbytes
+            self.num_allocs -= 1
+            self.track(storage)
+
     def _grow(self, entry: "_StorageRef", nbytes: int) -> None:
         """Charge a tracked storage's change of size (caller holds the lock)."""
         growth = nbytes - entry.nbytes

@@ -62,6 +62,7 @@ class Runtime:
         self.devices = [NeuronDevice(i, self.config) for i in range(self.config.num_devices)]
         self.current_index = 0
         self._sync_hooks: list[Callable[[int | None], None]] = []
+        self._drain_hooks: list[Callable[[], None]] = []
         self._launch_lock = threading.Lock()
 
     # -- devices -------------------------------------------------------------------------
@@ -111,6 +112,13 @@ class Runtime:
             mark_device_time(us, bytes=nbytes, device=index)
         return us
 
+    def refund(self, index: int, op_costs_us: float, num_ops: int) -> None:
+        """A launch accounted when it was issued failed before num_ops of its ops ran."""
+        c = self.devices[index].counters
+        with self._launch_lock:
+            c.kernel_ops -= num_ops
+            c.device_time_us -= op_costs_us
+
     # -- synchronization -----------------------------------------------------------------
     def add_sync_hook(self, hook: Callable[[int | None], None]) -> None:
         """hook(index or None) runs all work held back for that device (None = all)."""
@@ -120,6 +128,16 @@ class Runtime:
     def remove_sync_hook(self, hook) -> None:
         if hook in self._sync_hooks:
             self._sync_hooks.remove(hook)
+
+    def add_drain_hook(self, hook: Callable[[], None]) -> None:
+        """hook() waits for launches already issued to finish (and their host-side accounting
+        to be done), without launching anything held back: for readers of device state."""
+        if hook not in self._drain_hooks:
+            self._drain_hooks.append(hook)
+
+    def drain(self) -> None:
+        for hook in list(self._drain_hooks):
+            hook()
 
     def synchronize(self, index: int | None = None) -> None:
         if index is not None:

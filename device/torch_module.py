@@ -46,6 +46,14 @@ def _device_index(runtime: Runtime, device) -> int:
     raise TypeError(f"device must be an int, a str or a torch.device, not {type(device).__name__}")
 
 
+def _memory(runtime, device):
+    """The device's memory accounting, current: launches on the device stream
+    (device/stream.py) charge their memory when they finish."""
+    index = _device_index(runtime, device)
+    runtime.drain()
+    return runtime.devices[index].memory
+
+
 def build_module(runtime: Runtime) -> types.ModuleType:
     """A fresh `torch.neuron` module bound to runtime."""
     m = types.ModuleType("torch.neuron", "The emulated AWS Trainium device (adaptive-eager).")
@@ -120,10 +128,10 @@ def build_module(runtime: Runtime) -> types.ModuleType:
 
     # -- memory ------------------------------------------------------------------------
     def memory_allocated(device=None) -> int:
-        return runtime.devices[_device_index(runtime, device)].memory.allocated
+        return _memory(runtime, device).allocated
 
     def max_memory_allocated(device=None) -> int:
-        return runtime.devices[_device_index(runtime, device)].memory.peak
+        return _memory(runtime, device).peak
 
     def memory_reserved(device=None) -> int:
         return memory_allocated(device)
@@ -132,17 +140,17 @@ def build_module(runtime: Runtime) -> types.ModuleType:
         return max_memory_allocated(device)
 
     def reset_peak_memory_stats(device=None) -> None:
-        runtime.devices[_device_index(runtime, device)].memory.reset_peak()
+        _memory(runtime, device).reset_peak()
 
     def memory_stats(device=None) -> dict:
-        return runtime.devices[_device_index(runtime, device)].memory.stats()
+        return _memory(runtime, device).stats()
 
     def mem_get_info(device=None) -> tuple[int, int]:
-        mem = runtime.devices[_device_index(runtime, device)].memory
+        mem = _memory(runtime, device)
         return mem.capacity - mem.allocated, mem.capacity
 
     def memory_summary(device=None) -> str:
-        mem = runtime.devices[_device_index(runtime, device)].memory
+        mem = _memory(runtime, device)
         return (f"{mem.device_name}: allocated {format_bytes(mem.allocated)}, "
                 f"peak {format_bytes(mem.peak)}, capacity {format_bytes(mem.capacity)}")
 

@@ -33,6 +33,9 @@ class Executor(abc.ABC):
     def synchronize(self, device_index: int | None) -> None:
         """Run everything held back for the device (None: every device)."""
 
+    def drain(self) -> None:
+        """Wait for launches already issued (on the device stream) to finish; launch nothing."""
+
     @staticmethod
     def decomposed(info, func, args, kwargs):
         """CompositeImplicitAutograd ops reach us whole only when autograd is skipped

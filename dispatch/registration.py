@@ -1,6 +1,8 @@
 """Registering `neuron` as PyTorch's PrivateUse1 device: once per process, idempotent."""
 from __future__ import annotations
 
+import atexit
+import os
 import threading
 
 import torch
@@ -88,8 +90,17 @@ def register() -> None:
         if CONTEXT.executor is None:
             install_executor(EagerExecutor())
         runtime.add_sync_hook(_drain_executor)
+        runtime.add_drain_hook(_wait_for_executor)
+        # A launch still on the device stream (device/stream.py) must not run on while the
+        # interpreter exits, nor be in flight when the process forks (the child has no worker).
+        atexit.register(_wait_for_executor)
+        os.register_at_fork(before=_wait_for_executor)
         CONTEXT.runtime = runtime  # last: marks registration complete
 
 
 def _drain_executor(device_index):
     CONTEXT.executor.synchronize(device_index)
+
+
+def _wait_for_executor():
+    CONTEXT.executor.drain()

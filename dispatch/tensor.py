@@ -109,23 +109,29 @@ class NeuronTensor(torch.Tensor):
 
 
 class DeferredCell:
-    """Where a launch leaves a deferred wrapper's value (or its error)."""
+    """Where a launch leaves a deferred wrapper's value (or its error). `launch` is set while
+    the launch that fills it runs on the device stream: calling it waits for that launch."""
 
-    __slots__ = ("__weakref__", "data", "error")
+    __slots__ = ("__weakref__", "data", "error", "launch")
 
     def __init__(self):
         self.data = None
         self.error = None
+        self.launch = None
 
 
 def resolve_data(t: NeuronTensor):
-    """t's host data, taking it from its cell if a launch has filled it; None if not (yet)."""
+    """t's host data, taking it from its cell if a launch has filled it (waiting for a launch
+    still running on the device stream); None if its value never arrived (a failed launch)."""
     data = t._data
     if data is None:
         cell = t._cell
-        if cell is not None and cell.data is not None:
-            data = t._data = cell.data
-            t._cell = None
+        if cell is not None:
+            if cell.launch is not None:
+                cell.launch()
+            if cell.data is not None:
+                data = t._data = cell.data
+                t._cell = None
     return data
 
 
