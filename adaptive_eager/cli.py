@@ -26,7 +26,22 @@ def cmd_info(args) -> int:
     print(f"launch overhead: {props.launch_overhead_us:g} us per launch (modelled; an assumption, "
           f"no official figure is published)")
     print(f"execution mode: {adaptive_eager.get_mode()} (NEURON_ADAPTIVE_EAGER=0 selects eager)")
+    from device import stream
+
+    stream.stream_module()
+    print(f"device stream: {stream.stream_status()} (NEURON_ASYNC_LAUNCH)")
     return 0
+
+
+def ensure_stream() -> None:
+    """Build the device stream now if it is wanted and not built yet (once per machine),
+    so that a timed run uses it from its first steady-state launch."""
+    from device import stream
+
+    if stream.async_launch_setting() != "0" and stream.stream_module() is None:
+        print("building the device stream (C++, once per machine, about 40 s) ...", flush=True)
+        stream.build()
+    print(f"device stream: {stream.stream_status()}")
 
 
 # -- demo: the same MLP training loop in eager and in adaptive mode -----------------------------
@@ -81,9 +96,10 @@ def _train(mode: str, args) -> PhaseResult:
         losses, mark, mark_time, step_marks = [], None, None, []
         start = time.perf_counter()
         for step in range(args.steps):
-            step_marks.append(adaptive_eager.stats().launches)
+            # wait=False: counting must not wait for the launch running beside the host
+            step_marks.append(adaptive_eager.stats(wait=False).launches)
             if step == tail_start:
-                mark, mark_time = adaptive_eager.stats(), time.perf_counter()
+                mark, mark_time = adaptive_eager.stats(wait=False), time.perf_counter()
             loss = torch.nn.functional.cross_entropy(model(x.to("neuron")), y.to("neuron"))
             opt.zero_grad()
             loss.backward()
@@ -91,7 +107,7 @@ def _train(mode: str, args) -> PhaseResult:
             losses.append(loss.detach())
         # Counted before the final synchronize: the tail then starts and ends at the same
         # point of the loop, so work still pending is the same at both ends.
-        end = adaptive_eager.stats()
+        end = adaptive_eager.stats(wait=False)
         torch.neuron.synchronize()
         wall_end = time.perf_counter()
         total = adaptive_eager.stats()
@@ -164,6 +180,7 @@ def cmd_demo(args) -> int:
             return 2
     args.tail = max(1, min(10, args.steps // 2))
     props = torch.neuron.get_device_properties(0)
+    ensure_stream()
     print(f"demo: MLP {args.layers} layers of width {args.width}, batch {args.batch}, AdamW, "
           f"cross-entropy, {args.steps} steps, data on the {args.data} (torch {torch.__version__})")
     results = {}

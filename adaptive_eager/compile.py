@@ -126,19 +126,24 @@ def _is_device_key(key) -> bool:
     return isinstance(key, torch.device)
 
 
-def _run_value(src: _Source, template, key, refs) -> str:
-    """An expression for the host value of one argument at launch time."""
+def _results_expr(ref) -> str:
+    return f"results[{ref[0]}][{ref[1]}]"
+
+
+def _run_value(src: _Source, template, key, refs, internal=_results_expr) -> str:
+    """An expression for the host value of one argument at launch time; `internal(ref)` is
+    the expression for a value produced inside the trace."""
     if type(template) is Slot:
         s = template.index
         if _is_tensor_key(key):
             ref = refs[s]
             if ref is not None:
-                return f"results[{ref[0]}][{ref[1]}]"
+                return internal(ref)
             if key[4].type == "neuron":
                 return f"RESOLVE(bound[{s}])"
         return f"bound[{s}]"
     if type(template) in (list, tuple):
-        items = [_run_value(src, t, k, refs) for t, k in zip(template, key)]
+        items = [_run_value(src, t, k, refs, internal) for t, k in zip(template, key)]
         inner = ", ".join(items) + ("," if type(template) is tuple and len(items) == 1 else "")
         return f"[{inner}]" if type(template) is list else f"({inner})"
     return src.const(template)
@@ -178,6 +183,25 @@ def compile_replay(trace, k: int):
             src.emit(f"flat[{slot}] = None")
         src.emit(f"results[{k}] = flat")
     return _define("replay", "bound, results, outs, track", src, **_call_env(proto))
+
+
+def compile_stream_call(proto: OpProto, refs: tuple):
+    """(call, internal) for the device stream (adaptive_eager/stream_launch.py): call(bound, PH)
+    -> (args, kwargs) of op k on host values, exactly the arguments the replay passes, with
+    the values produced inside the trace given as placeholder tensors PH[r]; internal[r] is
+    the (op, output slot) that placeholder r stands for. The stream patches them in at run time."""
+    src = _Source()
+    internal: list[tuple[int, int]] = []
+
+    def placeholder(ref) -> str:
+        internal.append(tuple(ref))
+        return f"PH[{len(internal) - 1}]"
+
+    _, arg_keys, kw_keys = proto.signature
+    items = [_run_value(src, t, k, refs, placeholder) for t, k in zip(proto.args_t, arg_keys)]
+    kw_items = [f"{name!r}: {_run_value(src, proto.kwargs_t[name], k, refs, placeholder)}" for name, k in kw_keys]
+    src.emit(f"return ({', '.join(items)}{',' if len(items) == 1 else ''}), {{{', '.join(kw_items)}}}")
+    return _define("call", "bound, PH", src, RESOLVE=resolve_data), internal
 
 
 def compile_outputs(proto: OpProto):

@@ -31,6 +31,7 @@ from dispatch.record import OpRecord, user_source_line
 from .config import EngineConfig
 from .detector import PeriodDetector
 from .pending import Pending
+from .stream_launch import finish as finish_on_stream, host_state_allows, program_for, submit as submit_to_stream
 from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
 
 _RECENT = 20  # divergences and flushes kept for explain()
@@ -48,6 +49,7 @@ class EngineCounters:
         self.trace_hits = 0
         self.divergences = 0
         self.switches = 0  # matches handed to another trace with the same prefix (_switch_trace)
+        self.stream_launches = 0  # fused launches run on the device stream (stream_launch.py)
         self.flushes: collections.Counter = collections.Counter()
 
 
@@ -88,6 +90,8 @@ class AdaptiveExecutor(Executor):
 
     def reset(self) -> None:
         """Forget every trace and all history (pending work must have been launched)."""
+        if getattr(self, "inflight", None) is not None:
+            self.drain()
         cfg = self.config
         self.cache = _TraceCache(cfg.cache_size)
         self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_trace_len, cfg.repeats,
@@ -96,6 +100,8 @@ class AdaptiveExecutor(Executor):
         self.key_ids: dict[tuple, int] = {}
         self.protos: dict[tuple, object] = {}
         self.pending: Pending | None = None
+        # The launch running on the device stream (Note [Launches on the stream]), if any.
+        self.inflight: Pending | None = None
         self.position = 0  # stream position of the next op
         self.counters = EngineCounters()
         self.recent_divergences: collections.deque = collections.deque(maxlen=_RECENT)
@@ -126,6 +132,7 @@ class AdaptiveExecutor(Executor):
                 return out
         with self._lock:
             if self.config.launch_blocking:
+                self._drain()
                 return self._run_now(info, args, kwargs)
             if info.is_host_read or info.has_data_dependent_shape or info.may_resize or (
                     hasattr(func, "_neuron_special") and not transfers.stays_on_device(func, args, kwargs)):
@@ -144,6 +151,8 @@ class AdaptiveExecutor(Executor):
                     out = self._match_fast(p, func, args, kwargs)  # the steady-state path
                     if out is not _NO_MATCH:
                         return out
+            if self.inflight is not None:  # what follows may run ops or read host data now
+                self._drain()
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe (sparse layouts): run it now
@@ -160,14 +169,29 @@ class AdaptiveExecutor(Executor):
     def read(self, t: NeuronTensor):
         with self._lock:
             self._flush("host read")
+            self._drain()
             self._raise_error()
         return transfers.to_host(t)
+
+    def drain(self) -> None:
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Wait for the launch on the device stream; its error is raised at the next sync point."""
+        p = self.inflight
+        if p is not None:
+            self.inflight = None
+            error = finish_on_stream(p, p.trace.stream_program)
+            if error is not None:
+                self.error = error
 
     def synchronize(self, device_index) -> None:
         """An explicit sync ends the match, unlike a read: matching on after it would keep
         the launched ops' results (device memory) until the trace's next op arrives."""
         with self._lock:
             self._flush("synchronize")
+            self._drain()
             self.pending = None
             if self._steady < self._pause_after:
                 # A cut of the stream, as a sync op is: in the history as a barrier, so a
@@ -347,9 +371,13 @@ class AdaptiveExecutor(Executor):
 
     # -- launching --------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
+        if self.inflight is not None:  # one launch in flight: the stream is in order
+            self._drain()
         try:
             if p.done != p.pos and profiler_enabled():  # Note [Profiler ranges]
                 n = _launch_profiled(p)
+            elif p.done == 0 and p.complete and self._may_use_stream(p) and self._submit(p):
+                n = len(p.trace)
             else:
                 n = p.launch()
         except Exception as exc:
@@ -359,6 +387,25 @@ class AdaptiveExecutor(Executor):
         if n:
             self.counters.fused_launches += 1
             self.counters.fused_ops += n
+
+    def _submit(self, p: Pending) -> bool:
+        """Launch p on the device stream; False (nothing launched) if the stream refused it."""
+        try:
+            submit_to_stream(p, p.trace.stream_program, self.drain)
+        except Exception as exc:  # the engine's failure, not the op's: this trace stays on the host
+            p.trace.stream_program = False
+            self._warn(exc)
+            return False
+        self.inflight = p
+        self.counters.stream_launches += 1
+        return True
+
+    def _may_use_stream(self, p: Pending) -> bool:
+        """Note [Launches on the stream]: run this complete launch on the device stream?"""
+        if program_for(p.trace) is None or not host_state_allows():
+            return False
+        memory = CONTEXT.runtime.devices[p.trace.device].memory
+        return memory.allocated + p.trace.stream_program.max_bytes <= memory.capacity
 
     def _flush(self, reason: str) -> None:
         """Launch everything pending; matching (if any) continues after the launched prefix."""
@@ -384,6 +431,7 @@ class AdaptiveExecutor(Executor):
     # -- ops that run now -------------------------------------------------------------------
     def _sync_op(self, info, args, kwargs):
         self._flush(f"sync: {info.name}")
+        self._drain()
         self._raise_error()
         out = self._run_now(info, args, kwargs)
         if info.may_resize:
@@ -426,6 +474,7 @@ class AdaptiveExecutor(Executor):
 
     def _run_backing_off(self, info, args, kwargs):
         """Plain eager, no recording: the stream showed no repetition lately."""
+        self._drain()
         self._backoff -= 1
         if not self._backoff:  # look again, from a clean history
             self.history.clear()

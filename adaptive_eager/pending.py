@@ -32,6 +32,9 @@ class Pending:
         self.outs: list[list] = []  # per matched op: weakrefs to new outputs' cells (or None)
         self.results: list = [None] * len(trace)  # host outputs of launched ops, while needed
         self.device_us = 0.0  # emulated device time of the latest launch
+        self.stream_job = None  # the launch on the device stream (stream_launch.py), until finished
+        self.stream_cells = None
+        self.stream_calls = None
 
     def switch(self, trace: Trace) -> None:
         """Continue as a match of `trace`, whose first `pos` ops are this trace's (same
@@ -70,7 +73,7 @@ class Pending:
                     bound[k] = None  # inputs from outside are released as soon as their op ran
         except Exception as exc:  # the op's own error: raised at the sync point
             self.device_us = runtime.launch(device, sum(costs[start:k]), num_ops=k - start)
-            raise self._fail(k, exc) from exc
+            raise self.fail(k, exc) from exc
         cost = sum(costs[start:end])
         self.done = end
         self.device_us = runtime.launch(device, cost, num_ops=end - start)  # for profiler ranges
@@ -133,7 +136,8 @@ class Pending:
             kwargs = {name: _rebind(t, values) for name, t in proto.kwargs_t.items()}
         return priced_us(info, args, kwargs, flat[0] if len(flat) == 1 else flat, in_bytes + out_bytes, dtype)
 
-    def _fail(self, k: int, exc: Exception) -> Exception:
+    def fail(self, k: int, exc: Exception) -> Exception:
+        """The deferred error of op k: every value from op k on carries it; nothing after k runs."""
         proto = self.trace.protos[k]
         where = self.trace.sources[k]
         msg = (f"{proto.name} failed in a deferred launch (op {k + 1} of {len(self.trace)} of "

@@ -28,13 +28,20 @@ class Stats:
     trace_hits: int = 0  # traces matched to the end
     divergences: int = 0  # matches abandoned because an op differed from the trace
     trace_switches: int = 0  # matches handed over to a cached trace with the same first ops
+    stream_launches: int = 0  # fused launches that ran on the device stream, beside the host
     flushes: dict = dataclasses.field(default_factory=dict)  # reason -> pending work launched early
 
 
-def stats(device=None) -> Stats:
-    """Counters of `device` (an index, 'neuron:N' or torch.device), or summed over all devices."""
+def stats(device=None, *, wait: bool = True) -> Stats:
+    """Counters of `device` (an index, 'neuron:N' or torch.device), or summed over all devices.
+
+    A fused launch running on the device stream charges its memory when it finishes, so
+    stats() first waits for it. wait=False does not (a loop that reads its counters every
+    step then keeps its overlap), and the memory fields leave that launch out."""
     runtime = CONTEXT.runtime
     engine = SWITCH.adaptive
+    if wait:
+        runtime.drain()
     if device is None:
         indices = range(runtime.device_count)
     else:
@@ -59,6 +66,7 @@ def stats(device=None) -> Stats:
         trace_hits=engine.counters.trace_hits,
         divergences=engine.counters.divergences,
         trace_switches=engine.counters.switches,
+        stream_launches=engine.counters.stream_launches,
         flushes=dict(engine.counters.flushes),
     )
 

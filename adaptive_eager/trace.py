@@ -159,6 +159,8 @@ class Trace:
         self.runners = _LazyCode(self, "runner")
         self.replays = _LazyCode(self, "replay")
         self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
+        # stream_launch.StreamProgram once built; False if launches stay on the issuing thread
+        self.stream_program = None
         # The user's source line of each op, taken the first time the op is matched (one
         # stack walk per position, once): for errors in deferred launches and explain().
         self.sources: list = [None] * len(protos)

@@ -325,8 +325,9 @@ def test_workload(benchmark, request, anchor_failures, workload, mode, overhead)
         def counted_step():
             calls[0] += 1
             step()
-        # Counters are read without a sync (stats() does not synchronize): the work pending at
-        # both ends is the same steady-state amount, so the difference is per-step exact enough.
+        # Counters are read without a sync (stats() waits for the device stream, not for what
+        # is held back): the work pending at both ends is the same steady-state amount, so the
+        # difference is per-step exact enough.
         before = adaptive_eager.stats()
         benchmark.pedantic(counted_step, rounds=rounds, iterations=iterations, warmup_rounds=1)
         after = adaptive_eager.stats()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import adaptive_eager
+from device import stream
 
 
 def pytest_collect_file(file_path, parent):
@@ -16,6 +17,17 @@ def pytest_collect_file(file_path, parent):
             and not parent.session.isinitpath(file_path):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_configure(config):
+    # The device stream (compiled once per machine) is built before timing starts, not in
+    # the background during a measurement. NEURON_ASYNC_LAUNCH=0 measures without it.
+    if stream.async_launch_setting() != "0":
+        stream.build()
+
+
+def pytest_report_header(config):
+    return f"adaptive-eager device stream: {stream.stream_status()}"
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,18 @@ import torch
 
 import adaptive_eager
 from adaptive_eager.mode import SWITCH
+from device import stream
+
+
+def pytest_configure(config):
+    # Every test runs with the device stream (compiled once per machine, ~40 s) unless
+    # NEURON_ASYNC_LAUNCH=0: built now, not in the background halfway through the run.
+    if stream.async_launch_setting() != "0":
+        stream.build()
+
+
+def pytest_report_header(config):
+    return f"adaptive-eager device stream: {stream.stream_status()}"
 
 
 @pytest.fixture(autouse=True)
