@@ -9,6 +9,8 @@ import dataclasses
 
 import cachetools
 
+from device import stream as device_stream
+
 from .mode import SWITCH
 from .stats import Stats, stats
 
@@ -92,6 +94,8 @@ def _render(e: Explanation) -> list[str]:
         f"counters: {s.ops} ops, {s.launches} launches, {s.fused_launches} fused launches "
         f"running {s.fused_ops} ops (fused share {e.fused_share:.0%})",
         f"  trace hits {s.trace_hits}, divergences {s.divergences}, switches to a trace with the same start {s.trace_switches}",
+        f"  {s.stream_launches} fused launches ran on the device stream, beside the host "
+        f"({device_stream.stream_status()})",
         f"cached traces: {len(e.traces)}",
     ]
     shown = sorted(e.traces, key=lambda t: (-t.hits, t.id))[:_MAX_TRACES_SHOWN]

@@ -1,10 +1,12 @@
 """The emulated chip's runtime: devices, the in-order launch queue, transfers, the clock.
 
 Every kernel reaches a device through `Runtime.launch`; every copy across the host/device
-boundary (or between devices) through `Runtime.transfer`. Launches run in issue order on
-the calling thread; the queue is in-order by construction, so the device clock is the sum
-of what the cost model charges. Upper layers that hold work back (the adaptive engine)
-register a sync hook, which `synchronize` calls to drain it.
+boundary (or between devices) through `Runtime.transfer`. Launches are accounted in issue
+order; they run on the calling thread, or (fused launches of the adaptive engine) on the
+device stream's worker thread (stream.py), which is in order too, so the device clock is
+the sum of what the cost model charges. Upper layers that hold work back (the adaptive
+engine) register a sync hook, which `synchronize` calls to run it, and a drain hook, which
+`drain` calls to wait for launches on the stream.
 """
 from __future__ import annotations
 

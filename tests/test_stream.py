@@ -189,3 +189,33 @@ def test_exit_and_fork_with_a_launch_in_flight_are_clean():
         # the process exits with this last launch still running on the stream
     """, env={"NEURON_ASYNC_LAUNCH": "1"})
     assert out == {"child": 0}
+
+
+def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
+    # With a switch interval of minutes, this thread never hands the GIL over while it polls:
+    # a launch that needed the GIL (a tensor with a Python object freed on the worker, say)
+    # could not finish.
+    import sys
+    import time
+
+    from adaptive_eager.mode import SWITCH
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to("neuron")
+    opt = torch.optim.AdamW(net.parameters())
+    x = torch.randn(32, 64).to("neuron")
+    for _ in range(STEPS):
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+    job = SWITCH.adaptive.inflight.stream_job  # the last step's launch, submitted just now
+    module = stream.stream_module()
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(600.0)
+    try:
+        end = time.monotonic() + 30
+        while not module.finished(job) and time.monotonic() < end:
+            pass
+        finished = module.finished(job)
+    finally:
+        sys.setswitchinterval(previous)
+    assert finished
