@@ -219,3 +219,21 @@ def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
     finally:
         sys.setswitchinterval(previous)
     assert finished
+
+
+def test_without_a_compiler_launches_stay_on_the_issuing_thread(tmp_path):
+    out = run_json("""
+        import torch, adaptive_eager
+        from device import stream
+        def run(mode):
+            adaptive_eager.set_mode(mode)
+            x = torch.ones(64, 64).to('neuron')
+            for i in range(10):
+                x = torch.tanh(x @ x * 0.01 + 0.1)
+            return x.cpu()
+        same = torch.equal(run('adaptive'), run('eager'))
+        s = adaptive_eager.stats()
+        emit({'same': same, 'fused': s.fused_launches > 0, 'stream': s.stream_launches,
+              'status': stream.stream_status()[:5]})
+    """, env={"NEURON_ASYNC_LAUNCH": "1", "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert out == {"same": True, "fused": True, "stream": 0, "status": "sync:"}
