@@ -33,8 +33,7 @@ class Pending:
         self.results: list = [None] * len(trace)  # host outputs of launched ops, while needed
         self.device_us = 0.0  # emulated device time of the latest launch
         self.stream_job = None  # the launch on the device stream (stream_launch.py), until finished
-        self.stream_cells = None
-        self.stream_calls = None
+        self.stream_cells = None  # cells the launch on the stream fills
 
     def switch(self, trace: Trace) -> None:
         """Continue as a match of `trace`, whose first `pos` ops are this trace's (same

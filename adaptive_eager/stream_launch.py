@@ -124,10 +124,7 @@ def submit(p, program: StreamProgram, drain) -> int:
     p.stream_job = program.module.submit(program.program, calls, exports, len(cells), torch.get_num_threads())
     for cell in cells:
         cell.launch = drain
-    p.bound = None  # the calls hold the host values now, not the wrappers
-    # Kept until the launch finishes: the worker must never drop the last reference to a
-    # tensor that has a Python object (freeing that object takes the GIL).
-    p.stream_calls = calls
+    p.bound = None  # the job holds the host values now, not the wrappers
     p.stream_cells = cells
     n = len(trace)
     p.done = n
@@ -164,7 +161,7 @@ def finish(p, program: StreamProgram):
         cell.launch = None
         if value is not None:
             cell.data = value
-    p.stream_cells = p.stream_calls = None
+    p.stream_cells = None
     if failed >= 0:
         CONTEXT.runtime.refund(trace.device, sum(trace.op_costs[failed:]), len(trace) - failed)
         error = p.fail(failed, _ERRORS.get(kind, RuntimeError)(message))

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import adaptive_eager
 from device import stream
 from subproc import run_json
+from test_adaptive_semantics import _gather_step
 
 STEPS = 8
 
@@ -127,13 +128,6 @@ def test_a_deferred_value_read_while_its_launch_runs_waits_for_it():
     assert torch.equal(adaptive, run("eager"))
 
 
-def _gather_step(x, idx):
-    y = x * 2
-    z = y.index_select(0, idx)
-    w = z + 1
-    return y, w.sum(0)
-
-
 def test_an_error_in_a_stream_launch_raises_at_the_next_sync_point_and_later_ops_do_not_run():
     x = torch.arange(12.0).reshape(4, 3).to("neuron")
     good = torch.tensor([0, 3]).to("neuron")
@@ -144,7 +138,7 @@ def test_an_error_in_a_stream_launch_raises_at_the_next_sync_point_and_later_ops
     bad = torch.tensor([0, 7]).to("neuron")  # same shape and dtype: the trace matches
     y, w = _gather_step(x, bad)
     assert adaptive_eager.stats(wait=False).stream_launches == before + 1  # the failing launch ran there
-    with pytest.raises(IndexError, match=r"index_select.*op 2 of 4.*issued at .*test_stream.py:\d+ in _gather_step"):
+    with pytest.raises(IndexError, match=r"index_select.*op 2 of 4.*issued at .*test_adaptive_semantics.py:\d+ in _gather_step"):
         w.cpu()
     assert torch.equal(y.cpu(), torch.arange(12.0).reshape(4, 3) * 2)  # the op before it ran
     with pytest.raises(IndexError, match="index_select"):
