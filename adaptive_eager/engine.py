@@ -24,7 +24,7 @@ from device.profiling import (fused_range_name, mark_device_time, profile_range,
                               sync_range)
 from dispatch import CONTEXT, Executor, NeuronTensor, classify
 from dispatch import transfers
-from dispatch.tensor import resolve_data
+from dispatch.tensor import is_fresh, resolve_data
 from dispatch.kernels import run_kernel
 from dispatch.record import OpRecord, user_source_line
 
@@ -133,6 +133,11 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             if self.config.launch_blocking:
                 self._drain()
+                return self._run_now(info, args, kwargs)
+            if func is _COPY and is_fresh(args[0]) and not isinstance(args[1], NeuronTensor):
+                # `.to('neuron')` of host data: a copy into a tensor no op has seen (Note
+                # [Fresh allocations]) runs now, like a snapshot, and is not part of the
+                # stream the engine fuses: nothing held back or in flight needs to run first.
                 return self._run_now(info, args, kwargs)
             if info.is_host_read or info.has_data_dependent_shape or info.may_resize or (
                     hasattr(func, "_neuron_special") and not transfers.stays_on_device(func, args, kwargs)):
@@ -579,6 +584,7 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+_COPY = torch.ops.aten.copy_.default
 
 
 class _SyncMark:

@@ -106,6 +106,8 @@ def make_factory_kernel(op):
 def _run_factory(info, index: int, args, kwargs, launches: bool, profiled: bool):
     out = run_on_host(info, index, args, kwargs)
     result = wrap_new(out, index)
+    if not launches:
+        result._fresh_at = CONTEXT.ops[index]  # Note [Fresh allocations]
     if launches:
         device_us = CONTEXT.runtime.launch(index, CONTEXT.runtime.cost.op_us(0, out.nbytes, out.dtype))
         if profiled:

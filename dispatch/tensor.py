@@ -37,6 +37,11 @@ class NeuronTensor(torch.Tensor):
     _cell = None
     # True on the wrappers torch.compile traces with (Note [Compiled graphs], compile_backend.py)
     _tracing = False
+    # Note [Fresh allocations]: a pure allocation (`empty`, as `.to('neuron')` makes one right
+    # before its copy) records the device's op count here. While the count is unchanged, no
+    # op (held back, in flight, or run) can have seen this tensor, so a copy from the host
+    # into it can run at once: it waits for nothing and cuts no trace.
+    _fresh_at = -1
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, device_index: int):
@@ -118,6 +123,11 @@ class DeferredCell:
         self.data = None
         self.error = None
         self.launch = None
+
+
+def is_fresh(t) -> bool:
+    """Note [Fresh allocations]: t is a neuron tensor no op has seen since it was allocated."""
+    return type(t) is NeuronTensor and t._fresh_at == CONTEXT.ops[t._device_index]
 
 
 def resolve_data(t: NeuronTensor):

@@ -12,7 +12,7 @@ from device.profiling import transfer_range
 
 from .context import CONTEXT
 from .kernels import deferred_value_error, run_kernel, wrap_new
-from .tensor import NeuronTensor, host_view, resolve_data
+from .tensor import NeuronTensor, host_view, is_fresh, resolve_data
 
 aten = torch.ops.aten
 
@@ -122,8 +122,10 @@ def _copy_from_kernel(src, dst, non_blocking=False):
     `torch.tensor(data, device='neuron')` builds the data on the host and copies it over
     under that guard, so `copy_` never reaches `__torch_dispatch__`."""
     # Reached without the executor (Python key excluded): drain held-back work first, so
-    # the source is computed and no pending op still reads the destination.
-    CONTEXT.executor.synchronize(None)
+    # the source is computed and no pending op still reads the destination, unless the
+    # source is the host's and no op has seen the destination (Note [Fresh allocations]).
+    if isinstance(src, NeuronTensor) or not is_fresh(dst):
+        CONTEXT.executor.synchronize(None)
     _check_ready(src, dst)
     dst_on, src_on = isinstance(dst, NeuronTensor), isinstance(src, NeuronTensor)
     source = host_view(src) if src_on else src  # Note [Math bits]

@@ -220,3 +220,39 @@ def test_a_loop_body_shorter_than_a_trace_fuses_several_iterations_per_launch():
     torch.neuron.synchronize()
     s = adaptive_eager.stats()
     assert s.fused_ops == 16 and s.launches <= 4
+
+
+def _copying_loop(mode, steps=STEPS):
+    """Host data copied in every step (`.to('neuron')`, `torch.tensor(..., device=)`), and a
+    copy into a tensor that held-back ops read."""
+    adaptive_eager.set_mode(mode)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("neuron")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    seen = torch.zeros(4).to("neuron")
+    losses, reads, launches = [], [], []
+    for i in range(steps):
+        before = adaptive_eager.stats(wait=False).launches
+        x = torch.randn(8, 16, generator=g).to("neuron")
+        y = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3], device="neuron")
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        reads.append(torch.tanh(seen * 2 + 1).sum())  # held back, reads `seen` ...
+        seen.copy_(torch.full((4,), float(i)))  # ... which this copy then overwrites
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        launches.append(adaptive_eager.stats(wait=False).launches - before)
+    return [t.cpu() for t in losses + reads], launches
+
+
+def test_host_data_copied_in_each_step_cuts_no_trace_and_a_copy_into_a_used_tensor_waits():
+    eager, _ = _copying_loop("eager", steps=2 * STEPS)
+    adaptive_eager.reset_stats()
+    adaptive, launches = _copying_loop("adaptive", steps=2 * STEPS)
+    assert len(eager) == len(adaptive) and all(torch.equal(a, b) for a, b in zip(eager, adaptive))
+    # The copies into fresh tensors run at once and cut no trace: one launch per step (the
+    # trace ends at the copy into `seen`, which waits for the launch that reads it).
+    assert launches[-4:] == [1, 1, 1, 1]
+    assert adaptive_eager.stats().divergences == 0
