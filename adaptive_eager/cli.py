@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_positive_int, default=64, help="batch size (default 64)")
     p.add_argument("--data", choices=("device", "host"), default="device",
                    help="'device': the batch is moved to neuron once, before the loop (default); "
-                        "'host': it is copied to neuron every step (a sync point each time)")
+                        "'host': it is copied to neuron every step (into a new tensor: not a sync point)")
     p.add_argument("--plot", metavar="FILE",
                    help="write a PNG of launches per step and the device time split (needs matplotlib)")
     p.set_defaults(func=cmd_demo)
