@@ -29,7 +29,7 @@ def cmd_info(args) -> int:
     from device import stream
 
     stream.stream_module()
-    print(f"device stream: {stream.stream_status()} (NEURON_ASYNC_LAUNCH)")
+    print(f"device stream: {stream.stream_status()}")
     return 0
 
 

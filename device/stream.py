@@ -26,7 +26,8 @@ with open(_SOURCE, "rb") as _f:
 
 _lock = threading.Lock()
 _module = None
-_status = "not loaded"
+_status = "not loaded yet: launches run on the issuing thread"
+_failed = False  # a build failed: not tried again in this process
 _builder: threading.Thread | None = None
 
 
@@ -62,21 +63,24 @@ def stream_module():
         return None
     if async_launch_setting() == "1":
         build()
-    elif _builder is None and _status == "not loaded":
+    elif _builder is None and not _failed and _module is None:
         _try_load_built()
     return _module if _enabled else None
 
 
 def stream_status() -> str:
+    if not _enabled:
+        return "off (NEURON_ASYNC_LAUNCH=0 or set_enabled(False)): launches run on the issuing thread"
     return _status
 
 
 def build(background: bool = False) -> None:
     """Compile (or load the already compiled) stream extension."""
-    global _builder
+    global _builder, _status
     if background:
         with _lock:
             if _builder is None and _module is None:
+                _status = "building in the background: launches run on the issuing thread until it is built"
                 _builder = threading.Thread(target=_build, name="neuron-stream-build", daemon=True)
                 _builder.start()
         return
@@ -84,9 +88,9 @@ def build(background: bool = False) -> None:
 
 
 def _build() -> None:
-    global _module, _status
+    global _module, _status, _failed
     with _lock:
-        if _module is not None:
+        if _module is not None or _failed:
             return
         try:
             from torch.utils.cpp_extension import load
@@ -96,6 +100,7 @@ def _build() -> None:
                            verbose=False)
             _status = "async: launches run on the device stream's worker thread"
         except Exception as exc:  # no compiler, no ninja: launches stay on the issuing thread
+            _failed = True
             _status = f"sync: the stream extension could not be built ({type(exc).__name__}: {exc})"
 
 
