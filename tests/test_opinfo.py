@@ -25,7 +25,7 @@ import torch
 pytest.importorskip("expecttest")  # common_methods_invocations imports it
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
-from opinfo_expected_failures import CRASHES, EXPECTED_FAILURES  # noqa: E402
+from opinfo_expected_failures import CRASHES, EXPECTED_FAILURES, NONDETERMINISTIC  # noqa: E402
 
 SAMPLES_PER_OP = 3
 MIN_PASS_RATE = 0.95
@@ -220,6 +220,9 @@ def _param(run: str, name: str):
     crash = table_entry(CRASHES, run, name)
     if crash is not None:
         return pytest.param(run, name, marks=pytest.mark.skip(reason=f"crashes the process: {crash}"))
+    unknowable = table_entry(NONDETERMINISTIC, run, name)
+    if unknowable is not None:
+        return pytest.param(run, name, marks=pytest.mark.skip(reason=f"result is uninitialised memory: {unknowable}"))
     expected = table_entry(EXPECTED_FAILURES, run, name)
     if expected is not None:
         raises, reason = expected
@@ -238,7 +241,7 @@ def test_op_matches_cpu(run, name):
 def test_expected_failure_tables_name_real_ops_and_runs():
     prefixes = set(RUNS) | {variant for variant, _ in RUNS.values()}
     bad = []
-    for key in list(EXPECTED_FAILURES) + list(CRASHES):
+    for key in list(EXPECTED_FAILURES) + list(CRASHES) + list(NONDETERMINISTIC):
         prefix, sep, name = key.rpartition(":")
         if name not in OPS or (sep and prefix not in prefixes):
             bad.append(key)
@@ -254,7 +257,7 @@ def _complete_results(run: str) -> None:
     for name in OPS:
         if (run, name) in RESULTS or not _has_variant(OPS[name], RUNS[run][0]):
             continue
-        if table_entry(CRASHES, run, name) is not None:
+        if table_entry(CRASHES, run, name) is not None or table_entry(NONDETERMINISTIC, run, name) is not None:
             RESULTS[(run, name)] = "fail"
             continue
         try:
