@@ -24,9 +24,9 @@ import weakref
 import torch
 
 from dispatch import NeuronTensor
-from dispatch.kernels import has_normal_tensor, run_on_host
+from dispatch.kernels import has_normal_tensor, ready_data, run_on_host
 from dispatch.record import CPU_SCALAR, Slot
-from dispatch.tensor import NEURON_DEVICES, DeferredCell, resolve_data
+from dispatch.tensor import NEURON_DEVICES, DeferredCell, arriving
 
 from .trace import OpProto, flat_tensors
 
@@ -70,7 +70,8 @@ def _match_value(src: _Source, expr: str, template, key, refs) -> None:
                 src.emit(f"if v.__class__ is not NT or v._device_index != {key[4].index} or v.shape != {shape} "
                          f"or v.stride() != {stride} or v.storage_offset() != {offset} or v.dtype != {dtype}: return None")
                 src.emit("pr = v._producer")
-                src.emit("if pr is not None and pr[0] >= p.base or v._data is None and RESOLVE(v) is None: return None")
+                # A value a launch on the device stream will bring is taken without waiting.
+                src.emit("if pr is not None and pr[0] >= p.base or v._data is None and not ARRIVING(v): return None")
             else:
                 shape, stride, offset, dtype, device = (src.const(x) for x in key)
                 src.emit(f"v = {expr}")
@@ -78,7 +79,7 @@ def _match_value(src: _Source, expr: str, template, key, refs) -> None:
                          f"or v.storage_offset() != {offset} or v.dtype != {dtype} or v.device != {device}: return None")
                 src.emit("if v.__class__ is NT:")
                 src.emit("pr = v._producer", 2)
-                src.emit("if pr is not None and pr[0] >= p.base or v._data is None and RESOLVE(v) is None: return None", 2)
+                src.emit("if pr is not None and pr[0] >= p.base or v._data is None and not ARRIVING(v): return None", 2)
             src.emit(f"vals[{s}] = v")
         elif isinstance(key, tuple) and len(key) == 2 and key[0] is CPU_SCALAR:
             dtype = src.const(key[1])
@@ -119,7 +120,7 @@ def compile_matcher(proto: OpProto, refs: tuple, n_values: int):
         src.emit(f"if {name!r} not in kwargs: return None")
         _match_value(src, f"kwargs[{name!r}]", t, k, refs)
     src.emit("return vals")
-    return _define("match", "args, kwargs, p", src, NT=NeuronTensor, TENSOR=torch.Tensor, RESOLVE=resolve_data)
+    return _define("match", "args, kwargs, p", src, NT=NeuronTensor, TENSOR=torch.Tensor, ARRIVING=arriving)
 
 
 def _is_device_key(key) -> bool:
@@ -140,7 +141,7 @@ def _run_value(src: _Source, template, key, refs, internal=_results_expr) -> str
             if ref is not None:
                 return internal(ref)
             if key[4].type == "neuron":
-                return f"RESOLVE(bound[{s}])"
+                return f"READY(bound[{s}])"
         return f"bound[{s}]"
     if type(template) in (list, tuple):
         items = [_run_value(src, t, k, refs, internal) for t, k in zip(template, key)]
@@ -201,7 +202,7 @@ def compile_stream_call(proto: OpProto, refs: tuple):
     items = [_run_value(src, t, k, refs, placeholder) for t, k in zip(proto.args_t, arg_keys)]
     kw_items = [f"{name!r}: {_run_value(src, proto.kwargs_t[name], k, refs, placeholder)}" for name, k in kw_keys]
     src.emit(f"return ({', '.join(items)}{',' if len(items) == 1 else ''}), {{{', '.join(kw_items)}}}")
-    return _define("call", "bound, PH", src, RESOLVE=resolve_data), internal
+    return _define("call", "bound, PH", src, READY=ready_data), internal
 
 
 def compile_outputs(proto: OpProto):
@@ -252,7 +253,7 @@ def _template_expr(template) -> str:
 
 
 def _call_env(proto: OpProto) -> dict:
-    return dict(RESOLVE=resolve_data, OP=proto.info.op._op, INFO=proto.info, RUN=run_on_host, FLAT=flat_tensors)
+    return dict(READY=ready_data, OP=proto.info.op._op, INFO=proto.info, RUN=run_on_host, FLAT=flat_tensors)
 
 
 def _emit_call(src: _Source, proto: OpProto, refs: tuple, result: str | None = None) -> None:

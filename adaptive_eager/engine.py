@@ -396,7 +396,8 @@ class AdaptiveExecutor(Executor):
     def _submit(self, p: Pending) -> bool:
         """Launch p on the device stream; False (nothing launched) if the stream refused it."""
         try:
-            submit_to_stream(p, p.trace.stream_program, self.drain)
+            if not submit_to_stream(p, p.trace.stream_program, self.drain):
+                return False
         except Exception as exc:  # the engine's failure, not the op's: this trace stays on the host
             p.trace.stream_program = False
             self._warn(exc)

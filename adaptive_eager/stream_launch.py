@@ -104,12 +104,17 @@ def host_state_allows() -> bool:
             and not torch.is_autocast_enabled("cpu"))
 
 
-def submit(p, program: StreamProgram, drain) -> int:
-    """Submit pending match p (complete, nothing launched) to the stream; returns its op count.
-    `drain` (the engine's) is what a deferred value's cell calls to wait for the launch."""
+def submit(p, program: StreamProgram, drain) -> bool:
+    """Submit pending match p (complete, nothing launched) to the stream. False if an input
+    never arrived (the launch that makes it failed): the issuing thread then runs p and raises
+    that error at the op that reads it. `drain` (the engine's) is what a deferred value's
+    cell calls to wait for the launch."""
     trace = p.trace
     ph = program.placeholders
-    calls = [call(bound, ph) for call, bound in zip(program.calls, p.bound)]
+    try:
+        calls = [call(bound, ph) for call, bound in zip(program.calls, p.bound)]
+    except Exception:  # ready_data raised a failed launch's error
+        return False
     exports, cells = [], []
     for k, refs in enumerate(p.outs):
         mine = []
@@ -130,7 +135,7 @@ def submit(p, program: StreamProgram, drain) -> int:
     p.done = n
     p.device_us = CONTEXT.runtime.launch(trace.device, sum(trace.op_costs), num_ops=n)
     p.results = []
-    return n
+    return True
 
 
 def finish(p, program: StreamProgram):

@@ -33,6 +33,14 @@ def deferred_value_error(t: NeuronTensor, op_name: str) -> Exception:
         f"(Note [Deferred values]); please report it. NEURON_ADAPTIVE_EAGER=0 avoids it.")
 
 
+def ready_data(t: NeuronTensor) -> torch.Tensor:
+    """t's host data at launch time; the error of the launch that should have made it if none."""
+    data = resolve_data(t)
+    if data is None:
+        raise deferred_value_error(t, "a deferred launch")
+    return data
+
+
 class Unwrapped:
     """Host-side arguments of one op, the device it runs on, and the bytes it reads."""
 

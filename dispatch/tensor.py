@@ -130,6 +130,15 @@ def is_fresh(t) -> bool:
     return type(t) is NeuronTensor and t._fresh_at == CONTEXT.ops[t._device_index]
 
 
+def arriving(t: NeuronTensor) -> bool:
+    """t's value is here, or a launch running on the device stream will bring it (or its
+    error): a trace may take t as an input without waiting (the stream runs in order)."""
+    if t._data is not None:
+        return True
+    cell = t._cell
+    return cell is not None and (cell.data is not None or cell.launch is not None)
+
+
 def resolve_data(t: NeuronTensor):
     """t's host data, taking it from its cell if a launch has filled it (waiting for a launch
     still running on the device stream); None if its value never arrived (a failed launch)."""

@@ -231,3 +231,49 @@ def test_without_a_compiler_launches_stay_on_the_issuing_thread(tmp_path):
               'status': stream.stream_status()[:5]})
     """, env={"NEURON_ASYNC_LAUNCH": "1", "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert out == {"same": True, "fused": True, "stream": 0, "status": "sync:"}
+
+
+def test_a_step_that_reads_the_last_launchs_output_is_matched_without_waiting_for_it():
+    # Token-by-token decoding: each step reads what the previous launch computes. The stream
+    # runs launches in order, so matching the next step need not wait for it.
+    from adaptive_eager.mode import SWITCH
+
+    def run(mode, probe=None):
+        adaptive_eager.set_mode(mode)
+        w = torch.full((64, 64), 0.01).to("neuron")
+        h = torch.ones(8, 64).to("neuron")
+        for i in range(2 * STEPS):
+            y = h @ w  # reads the output of the launch that may still be running
+            if probe is not None and i == 2 * STEPS - 1:
+                probe.append(SWITCH.adaptive.inflight)
+            h = torch.tanh(y + 0.5) * 0.9
+        return h.cpu()
+
+    seen = []
+    adaptive = run("adaptive", probe=seen)
+    assert seen[0] is not None  # still in flight after the next step's first op was matched
+    assert adaptive_eager.stats().divergences == 0
+    assert torch.equal(adaptive, run("eager"))
+
+
+def test_a_failed_launchs_error_reaches_the_steps_that_read_its_values():
+    def step(h, idx):
+        return torch.tanh(h.index_select(0, idx) * 0.5 + 0.1)
+
+    good = torch.tensor([0, 1, 2, 3]).to("neuron")
+    h = torch.ones(4, 3).to("neuron")
+    for _ in range(STEPS):
+        h = step(h, good)
+    h = step(h, torch.tensor([0, 1, 2, 7]).to("neuron"))  # fails on the stream
+    h = step(h, good)  # matched while that launch runs: it reads a value that never arrives
+    # The same error, not a confusing one about a missing input (the launch reading the
+    # value fails at its first op, with the first failure as the cause).
+    with pytest.raises(IndexError, match=r"index_select.*failed in a deferred launch.*index out of range"):
+        h.cpu()
+    h = torch.ones(4, 3).to("neuron")  # the device stays usable
+    for _ in range(3):
+        h = step(h, good)
+    expected = torch.ones(4, 3)
+    for _ in range(3):
+        expected = torch.tanh(expected * 0.5 + 0.1)
+    assert torch.equal(h.cpu(), expected)
