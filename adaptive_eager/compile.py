@@ -28,7 +28,7 @@ from dispatch.kernels import has_normal_tensor, ready_data, run_on_host
 from dispatch.record import CPU_SCALAR, Slot
 from dispatch.tensor import NEURON_DEVICES, DeferredCell, arriving
 
-from .trace import OpProto, flat_tensors
+from .trace import OpProto, flat_tensors, returns_only_views
 
 
 class _Source:
@@ -166,9 +166,7 @@ def compile_replay(trace, k: int):
     proto, refs = trace.protos[k], trace.inputs[k]
     src = _Source()
     _emit_call(src, proto, refs, result="flat")
-    # A view op's outputs share an input's storage, which is tracked already.
-    returns = proto.info.op._schema.returns
-    views_only = all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    views_only = returns_only_views(proto.info)
     for slot, spec in enumerate(proto.out_specs):
         if spec[0] == "new":  # Note [Deferred values]: fill the wrapper's cell if it lives
             src.emit(f"h = flat[{slot}]")

@@ -174,7 +174,6 @@ class AdaptiveExecutor(Executor):
     def read(self, t: NeuronTensor):
         with self._lock:
             self._flush("host read")
-            self._drain()
             self._raise_error()
         return transfers.to_host(t)
 
@@ -196,7 +195,6 @@ class AdaptiveExecutor(Executor):
         the launched ops' results (device memory) until the trace's next op arrives."""
         with self._lock:
             self._flush("synchronize")
-            self._drain()
             self.pending = None
             if self._steady < self._pause_after:
                 # A cut of the stream, as a sync op is: in the history as a barrier, so a
@@ -414,12 +412,16 @@ class AdaptiveExecutor(Executor):
         return memory.allocated + p.trace.stream_program.max_bytes <= memory.capacity
 
     def _flush(self, reason: str) -> None:
-        """Launch everything pending; matching (if any) continues after the launched prefix."""
+        """A sync point: launch everything pending (matching, if any, continues after the
+        launched prefix), then wait for the launch on the device stream."""
         if profiler_enabled():  # a sync point is a range even when nothing was pending
             p = self.pending
             with sync_range(reason, 0 if p is None else p.pos - p.done):
-                return self._flush_pending(reason)
-        return self._flush_pending(reason)
+                self._flush_pending(reason)
+                self._drain()
+            return
+        self._flush_pending(reason)
+        self._drain()
 
     def _flush_pending(self, reason: str) -> None:
         p = self.pending
@@ -437,7 +439,6 @@ class AdaptiveExecutor(Executor):
     # -- ops that run now -------------------------------------------------------------------
     def _sync_op(self, info, args, kwargs):
         self._flush(f"sync: {info.name}")
-        self._drain()
         self._raise_error()
         out = self._run_now(info, args, kwargs)
         if info.may_resize:
@@ -479,8 +480,8 @@ class AdaptiveExecutor(Executor):
         return out
 
     def _run_backing_off(self, info, args, kwargs):
-        """Plain eager, no recording: the stream showed no repetition lately."""
-        self._drain()
+        """Plain eager, no recording: the stream showed no repetition lately. (Nothing is in
+        flight: the backoff began on execute's slow path, after its drain, and launches nothing.)"""
         self._backoff -= 1
         if not self._backoff:  # look again, from a clean history
             self.history.clear()

@@ -31,6 +31,7 @@ from device import stream as device_stream
 from dispatch import CONTEXT
 
 from .compile import compile_stream_call
+from .trace import returns_only_views
 
 _ERRORS = {"IndexError": IndexError, "ValueError": ValueError, "TypeError": TypeError,
            "NotImplementedError": NotImplementedError, "LinAlgError": torch.linalg.LinAlgError,
@@ -54,9 +55,8 @@ class StreamProgram:
             names = [a.name for a in schema.arguments]
             use_written = proto.ret_t is None and info.mutates
             written = list(info.written_args) + [names.index(n) for n in info.written_kwargs] if use_written else []
-            returns = schema.returns
-            views_only = all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-            new_slots = [] if views_only else [s for s, spec in enumerate(proto.out_specs) if spec[0] == "new"]
+            new_slots = [] if returns_only_views(info) else [s for s, spec in enumerate(proto.out_specs)
+                                                                if spec[0] == "new"]
             steps.append((schema.name, schema.overload_name, use_written, written, new_slots,
                           [tuple(x) for x in trace.last_use[k]], trace.consumed[k], list(trace.unread_slots[k]),
                           internal))

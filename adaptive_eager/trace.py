@@ -49,6 +49,12 @@ class OpProto:
         return fn(values, position)
 
 
+def returns_only_views(info: OpInfo) -> bool:
+    """Every output of the op is a read-only view of an input: their storage is tracked
+    already, so a launch counts no new device memory for them."""
+    return all(r.alias_info is not None and not r.alias_info.is_write for r in info.op._schema.returns)
+
+
 def flat_tensors(out) -> list:
     if isinstance(out, torch.Tensor):
         return [out]

@@ -33,11 +33,12 @@ def deferred_value_error(t: NeuronTensor, op_name: str) -> Exception:
         f"(Note [Deferred values]); please report it. NEURON_ADAPTIVE_EAGER=0 avoids it.")
 
 
-def ready_data(t: NeuronTensor) -> torch.Tensor:
-    """t's host data at launch time; the error of the launch that should have made it if none."""
+def ready_data(t: NeuronTensor, reader: str = "a deferred launch") -> torch.Tensor:
+    """t's host data, for `reader` (an op name); the error of the launch that should have
+    made it if none arrived."""
     data = resolve_data(t)
     if data is None:
-        raise deferred_value_error(t, "a deferred launch")
+        raise deferred_value_error(t, reader)
     return data
 
 
@@ -63,9 +64,7 @@ def _unwrap(a, u: Unwrapped, info: OpInfo):
         # A conj/neg flagged wrapper reaches us only for ops that read the flags: Note [Math bits].
         data = host_view(a) if a._math_bits else a._data
         if data is None:
-            data = resolve_data(a)
-            if data is None:
-                raise deferred_value_error(a, info.name)
+            data = ready_data(a, info.name)
         u.in_bytes += data.nbytes
         if u.dtype is None:
             u.dtype = data.dtype

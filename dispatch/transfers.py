@@ -11,8 +11,8 @@ import torch
 from device.profiling import transfer_range
 
 from .context import CONTEXT
-from .kernels import deferred_value_error, run_kernel, wrap_new
-from .tensor import NeuronTensor, host_view, is_fresh, resolve_data
+from .kernels import ready_data, run_kernel, wrap_new
+from .tensor import NeuronTensor, host_view, is_fresh
 
 aten = torch.ops.aten
 
@@ -36,8 +36,8 @@ def _check_ready(*tensors) -> None:
     """Executors call transfers only once pending work ran; a value still missing then is
     one whose launch failed, and reading it raises that launch's error."""
     for t in tensors:
-        if isinstance(t, NeuronTensor) and resolve_data(t) is None:
-            raise deferred_value_error(t, "a copy")
+        if isinstance(t, NeuronTensor):
+            ready_data(t, "a copy")
 
 
 def to_copy(info, args, kwargs):

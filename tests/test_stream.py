@@ -122,8 +122,8 @@ def test_a_deferred_value_read_while_its_launch_runs_waits_for_it():
 
     adaptive = run("adaptive")
     stats = adaptive_eager.stats()
-    # Matched while the launch that makes it ran: a read that did not wait would have
-    # found no value and diverged.
+    # Each step is matched while the launch that makes its input runs (the matcher takes a
+    # value the stream will bring), and the host reads at the end wait for it.
     assert stats.stream_launches > 0 and stats.divergences == 0
     assert torch.equal(adaptive, run("eager"))
 
