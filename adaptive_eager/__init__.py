@@ -16,6 +16,12 @@ from dispatch.custom_kernels import custom_kernel, set_cost  # noqa: E402
 
 _SWITCH.set(_SWITCH.default_from_env())
 
+# Last, once the engine's modules are loaded: Note [Opaque to Dynamo]. Modules imported later
+# (the command line, dispatch.compile_backend) mark themselves or never run under Dynamo.
+from dispatch.dynamo_opaque import hide_packages as _hide_packages  # noqa: E402
+
+_hide_packages(("adaptive_eager", "dispatch", "device"), extra_modules=("_adaptive_eager_autoload",))
+
 __version__ = "0.1.0"
 
 

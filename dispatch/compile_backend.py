@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .classify import classify
 from .context import CONTEXT
+from .dynamo_opaque import hide_late_module
 from .kernels import (
     DefaultGeneratorLent,
     Unwrapped,
@@ -75,15 +76,22 @@ def _traced_dispatch(func, types, args=(), kwargs=None):
             kwargs = {**kwargs, info.device_arg: _HOST}
         else:
             to_host = True  # .cpu()/.to('cpu') inside a graph: the result is a host tensor
-    inner_args = tree_map_only(NeuronTensor, _inner, args)
-    inner_kwargs = tree_map_only(NeuronTensor, _inner, kwargs)
+    inner_args = tree_map_only(torch.Tensor, _inner, args)
+    inner_kwargs = tree_map_only(torch.Tensor, _inner, kwargs)
     out = func(*inner_args, **inner_kwargs)
     if to_host:
         return out
     return _wrap_traced(out, info, args, kwargs, device)
 
 
-def _inner(t: NeuronTensor) -> torch.Tensor:
+def _inner(t: torch.Tensor) -> torch.Tensor:
+    if type(t) is not NeuronTensor:
+        if t.device.type == "neuron":
+            # A factory's result (`torch.ones(..., device=x.device)`): under tracing, a plain
+            # fake tensor on `neuron`. The graph computes on host tensors, so it is copied to
+            # the host here, in the graph, and CompiledGraph makes the factory itself a host one.
+            return torch.ops.aten._to_copy.default(t, device=_HOST)
+        return t
     if t._data is None:  # a real deferred value inside a traced op: Note [Compiled graphs]
         raise RuntimeError(
             "internal error: a neuron tensor whose value is still pending reached torch.compile "
@@ -170,6 +178,7 @@ class CompiledGraph:
         # instance's __dict__ (not class attributes) onto the wrapper AOTAutograd then calls.
         self._boxed_call = True
         self.device_index = device_index
+        _factories_on_host(gm)
         ops = [n.target for n in gm.graph.nodes
                if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
         self.num_ops = len(ops)
@@ -199,6 +208,21 @@ class CompiledGraph:
         for o in out:
             if isinstance(o, torch.Tensor):
                 memory.track(o.untyped_storage())
+
+
+def _factories_on_host(gm: torch.fx.GraphModule) -> None:
+    """A factory node on `neuron` whose result the graph only uses inside (through the copy
+    `_inner` added) makes a host tensor instead: it runs in this launch, like every other op.
+    One the graph returns stays a neuron factory, whose result is then a device tensor."""
+    changed = False
+    for node in gm.graph.nodes:
+        device = node.kwargs.get("device") if node.op == "call_function" else None
+        if (isinstance(device, torch.device) and device.type == "neuron"
+                and not any(user.op == "output" for user in node.users)):
+            node.kwargs = {**node.kwargs, "device": _HOST}
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _device_rng(device_index: int, active: bool):
@@ -234,3 +258,7 @@ def _op_cost(op, args, kwargs, out) -> float:
             if u.dtype is None:
                 u.dtype = a.dtype
     return op_cost_us(classify(op), u, out)
+
+
+# Imported lazily, after `import adaptive_eager` marked the rest: Note [Opaque to Dynamo].
+hide_late_module(__name__)

@@ -155,6 +155,11 @@ def resolve_data(t: NeuronTensor):
 
 
 def _format(t: NeuronTensor) -> str:
+    if t._tracing or t.is_meta:
+        # A tracing wrapper holds a fake or functional value (Note [Compiled graphs]): there is
+        # nothing to read, and reading would fail (symbolic sizes). Print what torch prints for
+        # a FakeTensor. torch.compile's own logs repr these (AOTAutograd's structured trace).
+        return f"NeuronTensor(..., size={tuple(t.shape)}, dtype={t.dtype}, device='{t.device}')"
     host = t.host_value().detach()
     contents = torch._tensor_str._tensor_str(host, len("tensor("))
     text = torch._tensor_str._str_intern(t, tensor_contents=contents)

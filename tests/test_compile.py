@@ -9,6 +9,8 @@ See Note [Compiled graphs] in dispatch/compile_backend.py.
 from __future__ import annotations
 
 import copy
+import logging
+import os
 import subprocess
 import sys
 
@@ -291,15 +293,100 @@ def test_inductor_on_neuron_inputs_returns_neuron_tensors():
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
-def test_host_copies_and_device_factories_inside_a_graph():
+@pytest.fixture
+def structured_trace_on():
+    """What pytest 9.2's logging plugin does to every non-propagating logger: a handler on
+    torch's structured-trace logger `torch.__trace`. torch.compile then writes its structured
+    logs (torch._logging.trace_structured checks for handlers, not levels), and AOTAutograd's
+    log of the forward's metadata calls repr() on the traced neuron tensors."""
+    logger = logging.getLogger("torch.__trace")
+    handler = logging.NullHandler()
+    logger.addHandler(handler)
+    torch._dynamo.reset()  # compile afresh, so the logs are written
+    yield
+    logger.removeHandler(handler)
+    torch._dynamo.reset()
+
+
+def test_compile_with_structured_trace_logging_on_runs_the_graphs_as_launches(structured_trace_on, launches):
+    torch.manual_seed(0)
+    ref = mlp().to("neuron")
+    model = copy.deepcopy(ref)
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(5, 8, device="neuron")
+    with adaptive_eager.mode("eager"):
+        launches.take()
+        out = compiled(x)
+        fw = launches.graph_launches()
+        out.sum().backward()
+        bw = launches.graph_launches()
+        expected = ref(x)
+        expected.sum().backward()
+    assert len(fw) == 1 and len(bw) == 1, (fw, bw)  # compiled: no silent fall back to eager
+    torch.testing.assert_close(out.cpu(), expected.cpu())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+
+
+def test_a_traced_neuron_tensor_prints_without_reading_its_value():
+    """AOTAutograd's structured log repr()s the tensors it traces with: fake data, no value."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dispatch.compile_backend import tracing_wrapper
+
+    with FakeTensorMode():
+        fake = torch.empty(2, 3)
+    assert repr(tracing_wrapper(fake, 0)) == "NeuronTensor(..., size=(2, 3), dtype=torch.float32, device='neuron:0')"
+
+
+def _our_files() -> tuple[str, ...]:
+    import device
+    import dispatch
+
+    return tuple(os.path.join(os.path.dirname(os.path.realpath(m.__file__)), "")
+                 for m in (adaptive_eager, dispatch, device))
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_dynamo_never_compiles_a_frame_of_our_own_code(mode):
+    """Note [Opaque to Dynamo]: the eager parts of a compiled call (here a graph break at
+    `.item()`) reach our dispatch, engine and kernels from C++; Dynamo must leave them alone."""
+    from torch._dynamo.convert_frame import input_codes
+
+    torch._dynamo.reset()
+    input_codes.clear()
+    torch.manual_seed(0)
+    model = WithGraphBreak().to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(5, 8, device="neuron")
+    with adaptive_eager.mode(mode):
+        for _ in range(3):
+            compiled(x).sum().backward()
+            print(compiled(x).sum())  # a host read, outside a graph
+    offered = [ref() for ref in input_codes.seen]
+    ours = [f"{c.co_name} ({c.co_filename}:{c.co_firstlineno})" for c in offered
+            if c is not None and os.path.realpath(c.co_filename).startswith(_our_files())]
+    assert any(c is not None and c.co_name == "forward" for c in offered)  # the probe works
+    assert ours == [], f"Dynamo tried to compile our code: {ours}"
+
+
+def test_host_copies_and_device_factories_inside_a_graph(launches):
     to_host = torch.compile(lambda a: (a * 2).cpu() + 1, backend="neuron")
     r = to_host(torch.ones(2, device="neuron"))
     assert type(r) is torch.Tensor and r.device.type == "cpu"  # .cpu() in a graph gives a host tensor
     assert torch.equal(r, torch.full((2,), 3.0))
     factory = torch.compile(lambda a: a + torch.ones(2, device=a.device), backend="neuron")
-    r = factory(torch.ones(2, device="neuron"))
+    with adaptive_eager.mode("eager"):
+        a = torch.ones(2, device="neuron")
+        launches.take()
+        r = factory(a)
+        assert launches.graph_launches() == [3]  # ones, its copy and add: compiled, one launch
     assert type(r) is NeuronTensor and r.device == torch.device("neuron:0")
     assert torch.equal(r.cpu(), torch.full((2,), 2.0))
+    made = torch.compile(lambda a: (a * 2, torch.zeros(3, device=a.device)), backend="neuron")
+    doubled, zeros = made(torch.ones(2, device="neuron"))  # a factory the graph returns
+    assert type(zeros) is NeuronTensor and zeros.device == torch.device("neuron:0")
+    assert torch.equal(zeros.cpu(), torch.zeros(3)) and torch.equal(doubled.cpu(), torch.full((2,), 2.0))
 
 
 def test_a_graph_with_inputs_on_two_devices_is_a_clear_error():
