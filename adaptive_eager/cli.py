@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import os
 import sys
 import time
 
@@ -40,8 +41,22 @@ def ensure_stream() -> None:
 
     if stream.async_launch_setting() != "0" and stream.stream_module() is None:
         print("building the device stream (C++, once per machine, about 40 s) ...", flush=True)
-        stream.build()
+        stream.build(wait=True)
     print(f"device stream: {stream.stream_status()}")
+
+
+def cmd_build_stream(args) -> int:
+    """Build the device stream now, in the foreground, forgetting an earlier failed build."""
+    from device import stream
+
+    paths = stream.build_paths()
+    print(f"building the device stream (C++, about 40 s) into {os.path.dirname(paths['so'])} ...", flush=True)
+    stream.build(wait=True, retry=True)
+    print(f"device stream: {stream.stream_status()}")
+    if stream.stream_module() is None:
+        print(f"build log: {paths['log']}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # -- demo: the same MLP training loop in eager and in adaptive mode -----------------------------
@@ -219,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="print the emulated devices, profile and settings")
     p.set_defaults(func=cmd_info)
+    p = sub.add_parser("build-stream", help="build the device stream now (C++, once per machine), "
+                                            "retrying a build that failed")
+    p.set_defaults(func=cmd_build_stream)
     p = sub.add_parser("demo", help="train a small MLP in eager and adaptive mode and compare them")
     p.add_argument("--steps", type=_positive_int, default=30, help="training steps per mode (default 30)")
     p.add_argument("--quick", action="store_true", help="at most 10 steps")

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -9,8 +11,9 @@ from device import stream
 def pytest_configure(config):
     # Every test runs with the device stream (compiled once per machine, ~40 s) unless
     # NEURON_ASYNC_LAUNCH=0: built now, not in the background halfway through the run.
-    if stream.async_launch_setting() != "0":
-        stream.build()
+    if stream.async_launch_setting() != "0" and stream.stream_module() is None:
+        print("building the device stream (C++, once per machine, about 40 s) ...", file=sys.stderr, flush=True)
+        stream.build(wait=True)
 
 
 def pytest_report_header(config):

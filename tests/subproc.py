@@ -9,30 +9,58 @@ import sys
 import textwrap
 
 RESULT_MARKER = "@@RESULT@@"
+# Only a hang should ever reach it: a child that imports torch and builds or compiles can
+# take minutes on a loaded 2-core machine, and a generous limit costs nothing when it passes.
+SUBPROCESS_TIMEOUT_S = 900
+_PRELUDE = (f"import json as _json\n"
+            f"def emit(obj):\n    print({RESULT_MARKER!r} + _json.dumps(obj), flush=True)\n")
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run code with `python -c`; env entries are added to (a copy of) os.environ, and a
-    value of None removes the variable."""
+def child_env(env: dict[str, str] | None) -> dict[str, str]:
+    """A copy of os.environ with env's entries added (a value of None removes the variable)."""
     full_env = dict(os.environ)
     for key, value in (env or {}).items():
         if value is None:
             full_env.pop(key, None)
         else:
             full_env[key] = value
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+    return full_env
+
+
+def run_python(code: str, env: dict[str, str] | None = None,
+               timeout: float = SUBPROCESS_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run code with `python -c` in child_env(env)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=child_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_json(code: str, env: dict[str, str] | None = None, timeout: float = 120):
+def start_json(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start code that calls `emit(obj)` once; `result_of` waits for it and returns obj."""
+    return subprocess.Popen([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], env=child_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result_of(proc: subprocess.Popen, timeout: float = SUBPROCESS_TIMEOUT_S):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"child timed out after {timeout:.0f} s:\n{out}\n{err}") from None
+    return _parse(proc.returncode, out, err)
+
+
+def run_json(code: str, env: dict[str, str] | None = None, timeout: float = SUBPROCESS_TIMEOUT_S):
     """Run code that calls `emit(obj)` once; return obj. Fails loudly with the child's
     stderr if the child did not exit cleanly."""
-    prelude = (f"import json as _json\n"
-               f"def emit(obj):\n    print({RESULT_MARKER!r} + _json.dumps(obj), flush=True)\n")
-    proc = run_python(prelude + textwrap.dedent(code), env, timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"child exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    for line in proc.stdout.splitlines():
+    proc = run_python(_PRELUDE + textwrap.dedent(code), env, timeout)
+    return _parse(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _parse(returncode: int, out: str, err: str):
+    if returncode != 0:
+        raise AssertionError(f"child exited with {returncode}:\n{out}\n{err}")
+    for line in out.splitlines():
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER):])
-    raise AssertionError(f"child emitted no result:\n{proc.stdout}\n{proc.stderr}")
+    raise AssertionError(f"child emitted no result:\n{out}\n{err}")

@@ -11,11 +11,12 @@ import pytest
 from adaptive_eager import bench_cli
 from device.config import DeviceConfig
 from device.runtime import Runtime
+from subproc import SUBPROCESS_TIMEOUT_S
 
 MLP_NEURON_ONLY = "mlp-train and not lazy and not compile"
 
 
-def _bench(args: list[str], timeout: float = 120) -> str:
+def _bench(args: list[str], timeout: float = SUBPROCESS_TIMEOUT_S) -> str:
     env = dict(os.environ)
     env.pop("NEURON_ADAPTIVE_EAGER", None)
     env.pop("ADAPTIVE_EAGER_BENCH_QUICK", None)

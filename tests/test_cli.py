@@ -7,13 +7,15 @@ import sys
 
 import pytest
 
+from subproc import SUBPROCESS_TIMEOUT_S
+
 STEPS = 8
 
 
 def _run(args: list[str]) -> str:
     env = dict(os.environ)
     env.pop("NEURON_ADAPTIVE_EAGER", None)
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"{args} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -67,7 +69,7 @@ def test_demo_reports_memory_wall_time_and_launch_overhead(demo_output):
 
 def test_demo_rejects_a_single_step():
     proc = subprocess.run([sys.executable, "-m", "adaptive_eager", "demo", "--steps", "1"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 2 and "use at least 2 steps" in proc.stdout
 
 

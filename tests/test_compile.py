@@ -24,6 +24,7 @@ import adaptive_eager
 from dispatch import CONTEXT
 from dispatch.compile_backend import neuron_backend
 from dispatch.tensor import NeuronTensor
+from subproc import SUBPROCESS_TIMEOUT_S
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,7 +85,7 @@ def test_neuron_backend_is_found_by_name_without_importing_dynamo_at_import_time
     code = ("import sys, torch, adaptive_eager\n"
             "assert 'torch._dynamo' not in sys.modules, 'import torch/adaptive_eager imported torch._dynamo'\n"
             "assert 'dispatch.compile_backend' not in sys.modules\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from subproc import SUBPROCESS_TIMEOUT_S
+
 SCRIPT = textwrap.dedent('''
     import sys
 
@@ -65,7 +67,7 @@ def _debug_session(tmp_path, device: str) -> list[str]:
     try:
         done = subprocess.run(
             [sys.executable, "-u", str(script), device], input="\n".join(COMMANDS) + "\n",
-            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=tmp_path)
     except subprocess.TimeoutExpired as e:  # never hang the suite on an interactive prompt
         pytest.fail(f"the debug session on {device} did not finish: {e.stdout!r} {e.stderr!r}")
     assert done.returncode == 0, f"{device}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
@@ -161,7 +163,7 @@ def _loop_session(tmp_path, mode_env: str) -> tuple[list[str], dict]:
     env = dict(os.environ, PYTHONBREAKPOINT="pdb.set_trace", PYTHONUNBUFFERED="1",
                NEURON_ADAPTIVE_EAGER=mode_env)
     done = subprocess.run([sys.executable, "-u", str(script)], input="\n".join(LOOP_COMMANDS) + "\n",
-                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out, _, result = done.stdout.rpartition("RESULT ")
     chunks = out.split("(Pdb) ")

@@ -23,10 +23,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dispatch.classify import classify
+from subproc import SUBPROCESS_TIMEOUT_S
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 REPO = WORKER.parent.parent
-TORCHRUN_TIMEOUT_S = 150
+TORCHRUN_TIMEOUT_S = SUBPROCESS_TIMEOUT_S  # two ranks, each importing torch, on a loaded machine
 DEMO_STEPS = 6
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from adaptive_eager.cli import build_parser
 from adaptive_eager.run_cli import parse_args, split_argv
+from subproc import SUBPROCESS_TIMEOUT_S
 
 STEPS = 12
 
@@ -66,7 +67,7 @@ def _adaptive_eager(*args: str, prelude: str = "", cwd=None) -> subprocess.Compl
     code = f"{prelude}\nimport sys\nfrom adaptive_eager.cli import main\nsys.exit(main({list(args)!r}))"
     env = dict(os.environ)
     env.pop("NEURON_ADAPTIVE_EAGER", None)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
                           env=env, cwd=cwd)
 
 
