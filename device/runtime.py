@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from . import native
 from .config import DeviceConfig
 from .cost import CostModel
 from .errors import NeuronDeviceError
@@ -62,7 +63,6 @@ class Runtime:
         self.config = config or DeviceConfig.from_env()
         self.cost = CostModel(self.config)
         self.devices = [NeuronDevice(i, self.config) for i in range(self.config.num_devices)]
-        self.current_index = 0
         self._sync_hooks: list[Callable[[int | None], None]] = []
         self._drain_hooks: list[Callable[[], None]] = []
         self._launch_lock = threading.Lock()
@@ -71,6 +71,16 @@ class Runtime:
     @property
     def device_count(self) -> int:
         return len(self.devices)
+
+    @property
+    def current_index(self) -> int:
+        """The calling thread's current device (per thread, as on CUDA): the C++ guard's,
+        so torch.neuron, torch.accelerator and C++ autograd agree (Note [C++ device guard])."""
+        return native.current_device()
+
+    @current_index.setter
+    def current_index(self, index: int) -> None:
+        native.set_current_device(self.check_index(index))
 
     def check_index(self, index: int | None) -> int:
         """The device index to use for `index` (None = current); raises on a bad index."""

@@ -83,13 +83,11 @@ def _install_checkpoint_deserializer() -> None:
 
 
 # -- torch.accelerator -----------------------------------------------------------------
-# Their C++ paths reach our device guard, which cannot hold a current device (the Python
-# DeviceGuard only states its type): set_device_index() was silently ignored and
-# current_device_index() always 0. Routed to torch.neuron while neuron is the accelerator.
+# Its C++ synchronize reaches the device guard, which knows nothing of launches the engine
+# still holds back (Python): routed to torch.neuron while neuron is the accelerator. The
+# current device needs no routing: the C++ guard holds it (Note [C++ device guard]).
 def _install_accelerator_functions() -> None:
     _patch_accelerator("synchronize", lambda device=None: torch.neuron.synchronize(device))
-    _patch_accelerator("set_device_index", lambda device: torch.neuron.set_device(device))
-    _patch_accelerator("current_device_index", lambda: torch.neuron.current_device())
 
 
 def _neuron_is_accelerator() -> bool:

@@ -8,6 +8,7 @@ import threading
 import torch
 
 import device as neuron_device
+from device import native
 from device.torch_module import build_module
 
 from . import attention, autocast, builtin_kernels, distributed, host_compat, optim_compat, transfers
@@ -22,34 +23,14 @@ _lock = threading.Lock()
 _libraries: list[torch.library.Library] = []
 
 
-class NeuronHooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, device_index) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class NeuronDeviceGuard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
-
-
 def check_torch_version(version: str = torch.__version__) -> None:
     major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
     if (major, minor) not in SUPPORTED_TORCH:
         supported = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TORCH)
         raise ImportError(
-            f"adaptive-eager supports torch {supported} (it registers a pure-Python PrivateUse1 "
-            f"backend through APIs that change between releases), but torch {version} is installed. "
+            f"adaptive-eager supports torch {supported} (its PrivateUse1 backend, C++ core included, "
+            f"uses APIs that change between releases), but torch {version} is installed. "
             f"Install a supported release: pip install 'torch>=2.13,<2.14'.")
-    if not hasattr(torch.utils.backend_registration, "_setup_privateuseone_for_python_backend"):
-        raise ImportError(
-            f"torch {version} lacks torch.utils.backend_registration._setup_privateuseone_for_python_backend; "
-            "install 'torch>=2.13,<2.14'.")
 
 
 def is_registered() -> bool:
@@ -69,11 +50,11 @@ def register() -> None:
                 f"register 'neuron'. Only one PrivateUse1 backend can be loaded per process; "
                 f"disable the other one (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and import one explicitly).")
         runtime = neuron_device.get_runtime()
-        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
-        _setup_privateuseone_for_python_backend(
-            BACKEND_NAME, backend_module=build_module(runtime), hook=NeuronHooks(),
-            device_guard=NeuronDeviceGuard())
+        torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+        torch.utils.generate_methods_for_privateuse1_backend()
+        torch._register_device_module(BACKEND_NAME, build_module(runtime))
+        # The guard and hooks in C++, not torch's Python ones: Note [C++ device guard].
+        native.install(runtime.device_count)
         NEURON_DEVICES[:] = [torch.device(BACKEND_NAME, i) for i in range(runtime.device_count)]
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)

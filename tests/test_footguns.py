@@ -6,7 +6,6 @@ behaviour. When one gets fixed, its test fails: update the table and the test to
 | 1 | `torch.empty(n, pin_memory=True)` (any factory with pin_memory) | NotImplementedError naming getPinnedMemoryAllocator | the CPU factory asks the accelerator's hooks for a pinned allocator; a Python backend cannot provide one (needs C++) | `torch.empty(n).pin_memory()`, or leave pin_memory off    |
 | 2 | `t.pin_memory().is_pinned()`                                  | False (pin_memory() returns a plain copy)       | host memory is pageable; the emulated device copies from it (dispatch/host_compat.py) | none needed: transfers behave the same                   |
 | 3 | `torch.load(cpu_checkpoint, map_location='neuron')`           | the CPU tensors stay CPU tensors                | moving a storage to 'neuron' would segfault (no allocator), so host_compat keeps it on the host; only NeuronTensor checkpoints rebuild on the device | `model.load_state_dict(...)` on a neuron model, or `.to('neuron')` |
-| 4 | `with torch.accelerator.device_index(i):`                     | torch.neuron's current device does not change   | the context manager calls C++ directly; our device guard cannot hold a current device | `torch.neuron.set_device(i)` / `torch.accelerator.set_device_index(i)` |
 | 5 | a bad `NEURON_*` value                                        | `import torch` itself fails (cause names the variable) | torch's backend autoload re-raises any entry-point error (test_device_api.py pins the message) | fix the variable, or `TORCH_DEVICE_BACKEND_AUTOLOAD=0`    |
 | 7 | `import device` (or `dispatch`) before anything imports torch | `neuron` is not registered until `import adaptive_eager` | torch's autoload runs while our package is half-imported and leaves registration to it | `import torch` or `import adaptive_eager` first (the usual order) |
 | 9 | `DDP(neuron_model, static_graph=True)` or `find_unused_parameters=True` | NotImplementedError at construction, naming the option (pinned by test_distributed.py) | DDP's reducer then needs pinned host memory, which needs C++ | leave the option off (CPU models keep both) |
@@ -47,15 +46,6 @@ def test_3_map_location_neuron_leaves_a_cpu_checkpoint_on_the_cpu():
     model = torch.nn.Linear(3, 1, bias=False).to("neuron")
     model.load_state_dict({"weight": w.view(1, 3)})
     assert isinstance(model.weight, NeuronTensor) and model.weight.tolist() == [[0.0, 1.0, 2.0]]
-
-
-def test_4_accelerator_device_index_context_does_not_switch_the_neuron_device():
-    previous = torch.neuron.current_device()
-    with torch.accelerator.device_index(1):
-        inside = torch.neuron.current_device()
-        device = torch.ones(1, device="neuron").device
-    assert inside == previous
-    assert device == torch.device("neuron", previous)
 
 
 def test_7_importing_device_first_leaves_neuron_unregistered_until_adaptive_eager():

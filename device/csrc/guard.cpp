@@ -1,0 +1,126 @@
+// The neuron device as C++ autograd and the dispatcher see it: device guard and PrivateUse1 hooks.
+//
+// Note [C++ device guard]: these functions run inside C++ autograd (on its worker threads,
+// and in noexcept destructors such as ~InlineStreamGuard while an exception unwinds) and at
+// every device switch. The Python guard torch offers a Python backend calls into Python
+// there, so a pending exception (a failing backward hook) or a KeyboardInterrupt arriving
+// in that call ended in std::terminate. Nothing here touches Python, nothing here throws
+// where the interface says noexcept, and the device count is the one the runtime chose, so
+// autograd sizes its per-device queues right (backward on neuron:1 asserted before).
+//
+// The current device is per thread, as on CUDA. There is one stream per device, the default
+// one: launches are in order (device/stream.py runs at most one at a time, in issue order).
+#include <torch/extension.h>
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+
+namespace {
+
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+using c10::Stream;
+
+constexpr DeviceType kNeuron = DeviceType::PrivateUse1;
+
+std::atomic<DeviceIndex> g_device_count{0};
+thread_local DeviceIndex t_current_device = 0;
+
+DeviceIndex checked(DeviceIndex index) {
+  const DeviceIndex count = g_device_count.load();
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "Invalid device: neuron:", static_cast<int>(index),
+                    ". The device index is out of range; it must be in [0, ", static_cast<int>(count),
+                    ") (set NEURON_NUM_DEVICES or NEURON_LOGICAL_NC_CONFIG for more devices).");
+  return index;
+}
+
+DeviceIndex exchange(DeviceIndex index) {
+  const DeviceIndex previous = t_current_device;
+  if (index >= 0) {  // -1: "the current device", left as it is
+    t_current_device = checked(index);
+  }
+  return previous;
+}
+
+Stream default_stream(DeviceIndex index) {
+  return Stream(Stream::DEFAULT, Device(kNeuron, index < 0 ? t_current_device : index));
+}
+
+struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return kNeuron; }
+
+  Device exchangeDevice(Device d) const override {
+    TORCH_CHECK(d.type() == kNeuron, "expected a neuron device, got ", d);
+    return Device(kNeuron, exchange(d.index()));
+  }
+
+  Device getDevice() const override { return Device(kNeuron, t_current_device); }
+
+  void setDevice(Device d) const override {
+    TORCH_CHECK(d.type() == kNeuron, "expected a neuron device, got ", d);
+    exchange(d.index());
+  }
+
+  void uncheckedSetDevice(Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < g_device_count.load()) {
+      t_current_device = d.index();
+    }
+  }
+
+  Stream getStream(Device d) const override { return default_stream(d.index()); }
+  Stream getDefaultStream(Device d) const override { return default_stream(d.index()); }
+  Stream getStreamFromGlobalPool(Device d, bool /*isHighPriority*/) const override {
+    return default_stream(d.index());
+  }
+  Stream getNewStream(Device d, int /*priority*/) const override { return default_stream(d.index()); }
+  // One stream per device: the "previous" stream is the one given.
+  Stream exchangeStream(Stream s) const override { return default_stream(s.device_index()); }
+
+  DeviceIndex deviceCount() const noexcept override { return g_device_count.load(); }
+
+  // No event is ever created (record stays the base's "not supported"), so none is destroyed.
+  void destroyEvent(void* /*event*/, const DeviceIndex /*device_index*/) const noexcept override {}
+};
+
+struct NeuronHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return g_device_count.load() > 0; }
+  bool hasPrimaryContext(DeviceIndex /*device_index*/) const override { return true; }
+  void init() const override {}
+  DeviceIndex deviceCount() const override { return g_device_count.load(); }
+  void setCurrentDevice(DeviceIndex device) const override { exchange(device); }
+  DeviceIndex getCurrentDevice() const override { return t_current_device; }
+  DeviceIndex exchangeDevice(DeviceIndex device) const override { return exchange(device); }
+  DeviceIndex maybeExchangeDevice(DeviceIndex device) const override {
+    if (device < 0 || device >= g_device_count.load()) {
+      return t_current_device;
+    }
+    return exchange(device);
+  }
+};
+
+bool g_installed = false;
+
+// Once per process, at registration (dispatch/registration.py), with the runtime's count.
+void install(int64_t device_count) {
+  TORCH_CHECK(!g_installed, "the neuron device guard is installed once per process");
+  TORCH_CHECK(device_count > 0 && device_count <= 64, "device_count must be in [1, 64], got ", device_count);
+  g_device_count.store(static_cast<DeviceIndex>(device_count));
+  static NeuronGuardImpl guard;
+  static c10::impl::DeviceGuardImplRegistrar registrar(kNeuron, &guard);
+  at::RegisterPrivateUse1HooksInterface(new NeuronHooks());  // torch keeps it for the process
+  g_installed = true;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "The neuron device's C++ runtime core: device guard and PrivateUse1 hooks.";
+  m.def("install", &install, "register the guard and hooks for `device_count` devices");
+  m.def("current_device", []() { return static_cast<int64_t>(t_current_device); });
+  m.def("set_current_device", [](int64_t index) { exchange(static_cast<DeviceIndex>(index)); });
+  m.def("device_count", []() { return static_cast<int64_t>(g_device_count.load()); });
+}
