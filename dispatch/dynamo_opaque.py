@@ -39,8 +39,9 @@ def hide_packages(names: tuple[str, ...], extra_modules: tuple[str, ...] = ()) -
             roots.extend(os.path.join(os.path.realpath(p), "") for p in path)
     modules = [m for n, m in list(sys.modules.items())
                if n.split(".")[0] in names or n in extra_modules]
-    files = tuple(roots) + tuple(os.path.realpath(getattr(m, "__file__", None) or "") for m in modules
-                                 if m.__name__ in extra_modules)
+    # An extra module without a file adds nothing (realpath("") would be the working directory).
+    files = tuple(roots) + tuple(os.path.realpath(m.__file__) for m in modules
+                                 if m.__name__ in extra_modules and getattr(m, "__file__", None))
     marked: set[int] = set()
     for module in modules:
         hide_module(module, files, marked)
