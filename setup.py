@@ -5,10 +5,13 @@ guard and hooks must exist before the first `neuron` tensor, so they are a regul
 extension module, built by `pip install` with torch's own build rules (torch is a build
 requirement, pinned as at run time so the headers match the library).
 """
+import glob
+
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 setup(
-    ext_modules=[CppExtension("device._C", ["device/csrc/guard.cpp"], extra_compile_args=["-O2"])],
+    ext_modules=[CppExtension("device._C", sorted(glob.glob("device/csrc/*.cpp")),
+                              depends=sorted(glob.glob("device/csrc/*.h")), extra_compile_args=["-O2"])],
     cmdclass={"build_ext": BuildExtension},
 )

@@ -24,6 +24,10 @@ class ModeSwitch:
     def set(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; use one of {MODES} (or NEURON_ADAPTIVE_EAGER=0/1)")
+        if mode == "adaptive" and CONTEXT.runtime.config.native_tensors:
+            raise NotImplementedError(
+                "adaptive mode does not run on native neuron tensors yet (NEURON_TENSORS=native runs "
+                "every op eagerly, in C++); unset NEURON_TENSORS for adaptive mode.")
         target = self.adaptive if mode == "adaptive" else self.eager
         if CONTEXT.executor is target:
             return
@@ -32,6 +36,8 @@ class ModeSwitch:
 
     @staticmethod
     def default_from_env() -> str:
+        if CONTEXT.runtime.config.native_tensors:
+            return "eager"  # the only mode native tensors have so far
         raw = os.environ.get("NEURON_ADAPTIVE_EAGER", "1").strip().lower()
         return "eager" if raw in ("0", "false", "no", "off") else "adaptive"
 

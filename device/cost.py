@@ -20,6 +20,10 @@ class CostModel:
         self._share = share
         self._us_per_flop: dict[torch.dtype, float] = {}
 
+    @property
+    def us_per_byte(self) -> float:
+        return self._us_per_byte
+
     def us_per_flop(self, dtype: torch.dtype) -> float:
         v = self._us_per_flop.get(dtype)
         if v is None:

@@ -1,7 +1,9 @@
 """The device's C++ core, `device._C` (device/csrc), compiled by `pip install` (setup.py).
 
 Note [C++ device guard]: the device guard and PrivateUse1 hooks that C++ autograd and the
-dispatcher call, and the current device (per thread, as on CUDA), live there.
+dispatcher call, and the current device (per thread, as on CUDA), live there. So do the
+memory accounting and allocator (Note [Device memory accounting]) and the launch clock:
+one set of numbers, whichever layer allocates or launches.
 """
 from __future__ import annotations
 
@@ -16,3 +18,20 @@ except ImportError as exc:  # a source tree that was never installed, or a build
 install = _C.install
 current_device = _C.current_device
 set_current_device = _C.set_current_device
+# memory
+charge = _C.charge
+release = _C.release
+check_fits = _C.check_fits
+resize_charge = _C.resize_charge
+uncharge = _C.uncharge
+memory_stats = _C.memory_stats
+reset_peak = _C.reset_peak
+# clock
+account_launch = _C.account_launch
+transfer = _C.transfer
+refund = _C.refund
+counters = _C.counters
+reset_counters = _C.reset_counters
+set_spend_overhead = _C.set_spend_overhead
+# native tensors
+install_eager = _C.install_eager

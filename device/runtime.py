@@ -11,7 +11,6 @@ engine) register a sync hook, which `synchronize` calls to run it, and a drain h
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Callable
 
@@ -24,13 +23,17 @@ from .errors import NeuronDeviceError
 from .memory import DeviceMemory
 from .profiling import mark_device_time, profiler_enabled
 
+# The dtypes the C++ eager path prices at their own rate; others at float32's.
+_PRICED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                  torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
 # CUDA's default seed, so an unseeded run is reproducible the same way.
 DEFAULT_SEED = 67280421310721
 
 
 @dataclasses.dataclass
 class Counters:
-    """What one device has done since the last reset."""
+    """What one device has done since the last reset: a snapshot of the C++ clock's counters."""
 
     launches: int = 0
     kernel_ops: int = 0  # ops executed inside launches (a fused launch holds many)
@@ -46,11 +49,14 @@ class NeuronDevice:
     def __init__(self, index: int, config: DeviceConfig):
         self.index = index
         self.name = f"neuron:{index}"
-        self.memory = DeviceMemory(self.name, config.capacity_bytes)
+        self.memory = DeviceMemory(index, config.capacity_bytes)
         self.generator = torch.Generator()
         self.generator.manual_seed(DEFAULT_SEED)
         self.initial_seed = DEFAULT_SEED
-        self.counters = Counters()
+
+    @property
+    def counters(self) -> Counters:
+        return Counters(*native.counters(self.index))
 
     def manual_seed(self, seed: int) -> None:
         seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
@@ -65,7 +71,6 @@ class Runtime:
         self.devices = [NeuronDevice(i, self.config) for i in range(self.config.num_devices)]
         self._sync_hooks: list[Callable[[int | None], None]] = []
         self._drain_hooks: list[Callable[[], None]] = []
-        self._launch_lock = threading.Lock()
 
     # -- devices -------------------------------------------------------------------------
     @property
@@ -101,13 +106,7 @@ class Runtime:
         """Account one kernel launch holding num_ops ops whose roofline time is op_costs_us.
         Returns the launch's emulated device time."""
         overhead = self.cost.launch_overhead_us
-        total = overhead + op_costs_us
-        c = self.devices[index].counters
-        with self._launch_lock:
-            c.launches += 1
-            c.kernel_ops += num_ops
-            c.device_time_us += total
-            c.launch_overhead_us += overhead
+        total = native.account_launch(index, overhead, op_costs_us, num_ops)
         if self.config.spend_launch_overhead and overhead:
             _spin_us(overhead)
         return total
@@ -115,21 +114,14 @@ class Runtime:
     def transfer(self, index: int, nbytes: int) -> float:
         """Account one copy between the host and device `index` (or between devices)."""
         us = self.cost.transfer_us(nbytes)
-        c = self.devices[index].counters
-        with self._launch_lock:
-            c.transfers += 1
-            c.transfer_bytes += nbytes
-            c.device_time_us += us
+        native.transfer(index, nbytes, us)
         if profiler_enabled():  # inside the caller's transfer range: Note [Profiler ranges]
             mark_device_time(us, bytes=nbytes, device=index)
         return us
 
     def refund(self, index: int, op_costs_us: float, num_ops: int) -> None:
         """A launch accounted when it was issued failed before num_ops of its ops ran."""
-        c = self.devices[index].counters
-        with self._launch_lock:
-            c.kernel_ops -= num_ops
-            c.device_time_us -= op_costs_us
+        native.refund(index, op_costs_us, num_ops)
 
     # -- synchronization -----------------------------------------------------------------
     def add_sync_hook(self, hook: Callable[[int | None], None]) -> None:
@@ -164,13 +156,26 @@ class Runtime:
         # The config is frozen (shared with the cost model); replace it rather than mutate.
         # Only this flag changes, so the cost model built from the old config stays valid.
         self.config = dataclasses.replace(self.config, spend_launch_overhead=bool(spend))
+        native.set_spend_overhead(bool(spend))
         return previous
 
     def reset_counters(self) -> None:
-        with self._launch_lock:
-            for d in self.devices:
-                d.counters = Counters()
-                d.memory.reset_peak()
+        native.reset_counters()
+        for d in self.devices:
+            d.memory.reset_peak()
+
+    def install(self) -> None:
+        """Give the C++ core this runtime's devices: guard, hooks, allocator, clock. Once per
+        process, at registration (Note [C++ device guard])."""
+        native.install(self.device_count, [d.memory.capacity for d in self.devices],
+                       self.cost.launch_overhead_us, self.config.spend_launch_overhead)
+
+    def install_eager(self) -> None:
+        """Register the C++ eager path of native tensors (NEURON_TENSORS=native), with this
+        runtime's cost figures and generators. Once per process, after install()."""
+        rates = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
+        native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32),
+                             [d.generator for d in self.devices])
 
 
 def _spin_us(us: float) -> None:

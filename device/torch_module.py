@@ -79,6 +79,26 @@ def build_module(runtime: Runtime) -> types.ModuleType:
     def set_device(device) -> None:
         runtime.current_index = _device_index(runtime, device)
 
+    class device:
+        """Context manager that makes `device` the current neuron device inside the block,
+        as torch.cuda.device does (None or -1: a no-op). torch.load and checkpointing use it."""
+
+        def __init__(self, device):
+            none = device is None or (isinstance(device, int) and device == -1)
+            self.idx = -1 if none else _device_index(runtime, device)
+            self.prev_idx = -1
+
+        def __enter__(self):
+            if self.idx != -1:
+                self.prev_idx = runtime.current_index
+                runtime.current_index = self.idx
+            return self
+
+        def __exit__(self, *exc) -> bool:
+            if self.idx != -1:
+                runtime.current_index = self.prev_idx
+            return False
+
     def synchronize(device=None) -> None:
         """Wait for all work queued on the device. Every device is drained: with one
         in-order host thread feeding all devices, that is never wrong and never slower."""

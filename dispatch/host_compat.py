@@ -35,9 +35,10 @@ _NEURON_LOCATION = re.compile(rf"{_BACKEND}(:[0-9]+)?")
 _libraries: list[torch.library.Library] = []
 
 
-def install(runtime) -> None:
+def install(runtime, native_tensors: bool = False) -> None:
     _install_pinned_memory_stand_ins()
-    _install_checkpoint_deserializer()
+    if not native_tensors:  # native tensors have real storage: torch's own deserializer moves it
+        _install_checkpoint_deserializer()
     _install_accelerator_functions()
 
 

@@ -8,7 +8,6 @@ import threading
 import torch
 
 import device as neuron_device
-from device import native
 from device.torch_module import build_module
 
 from . import attention, autocast, builtin_kernels, distributed, host_compat, optim_compat, transfers
@@ -54,16 +53,20 @@ def register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend()
         torch._register_device_module(BACKEND_NAME, build_module(runtime))
         # The guard and hooks in C++, not torch's Python ones: Note [C++ device guard].
-        native.install(runtime.device_count)
+        runtime.install()
         NEURON_DEVICES[:] = [torch.device(BACKEND_NAME, i) for i in range(runtime.device_count)]
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)
-        register_factories(lib)
-        transfers.register_copy_kernels(lib)
+        if runtime.config.native_tensors:
+            # Real PrivateUse1 tensors: every op runs in C++ (csrc/eager.cpp), eager mode only.
+            runtime.install_eager()
+        else:
+            register_factories(lib)
+            transfers.register_copy_kernels(lib)
+            attention.register(lib)
+            builtin_kernels.register(lib)
         autocast.register(lib)
-        attention.register(lib)
-        builtin_kernels.register(lib)
-        host_compat.install(runtime)
+        host_compat.install(runtime, native_tensors=runtime.config.native_tensors)
         optim_compat.install()
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()

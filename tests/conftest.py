@@ -6,6 +6,12 @@ import torch
 import adaptive_eager
 from adaptive_eager.mode import SWITCH
 from device import stream
+from dispatch.context import CONTEXT
+
+# tests/native/ runs in a process of its own with NEURON_TENSORS=native (test_native_tensors.py
+# starts it): the tensor kind is chosen once per process, at registration.
+NATIVE_TENSORS = CONTEXT.runtime.config.native_tensors
+collect_ignore = [] if NATIVE_TENSORS else ["native"]
 
 
 def pytest_configure(config):

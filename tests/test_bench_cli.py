@@ -9,8 +9,6 @@ import sys
 import pytest
 
 from adaptive_eager import bench_cli
-from device.config import DeviceConfig
-from device.runtime import Runtime
 from subproc import SUBPROCESS_TIMEOUT_S
 
 MLP_NEURON_ONLY = "mlp-train and not lazy and not compile"
@@ -174,16 +172,22 @@ def test_table_of_an_empty_result_says_nothing_was_selected():
 
 def test_runtime_spends_launch_overhead_only_after_switching_it_on(monkeypatch):
     import device.runtime as runtime_module
+    from dispatch.context import CONTEXT
 
     spun = []
     monkeypatch.setattr(runtime_module, "_spin_us", spun.append)
-    rt = Runtime(DeviceConfig.from_env({"NEURON_LAUNCH_OVERHEAD_US": "15"}))
+    rt = CONTEXT.runtime
+    overhead = rt.cost.launch_overhead_us
+    assert overhead > 0
+    before = rt.devices[0].counters.launches
     rt.launch(0, 1.0)
     assert spun == []
     assert rt.set_spend_launch_overhead(True) is False
+    try:
+        rt.launch(0, 1.0)
+        assert spun == [overhead]
+    finally:
+        assert rt.set_spend_launch_overhead(False) is True
     rt.launch(0, 1.0)
-    assert spun == [15.0]
-    assert rt.set_spend_launch_overhead(False) is True
-    rt.launch(0, 1.0)
-    assert spun == [15.0]
-    assert rt.devices[0].counters.launches == 3  # the clock is modelled either way
+    assert spun == [overhead]
+    assert rt.devices[0].counters.launches == before + 3  # the clock is modelled either way

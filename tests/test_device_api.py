@@ -232,6 +232,25 @@ def test_memory_stats_and_mem_get_info_agree_with_memory_allocated():
     del x
 
 
+def test_torch_accelerator_memory_functions_report_the_devices_own_accounting():
+    # Before the C++ allocator they failed: "Allocator for neuron is not a DeviceAllocator".
+    torch.accelerator.reset_peak_memory_stats()
+    before = torch.accelerator.memory_allocated()
+    assert before == torch.neuron.memory_allocated()
+    x = torch.empty(1000, device="neuron")
+    assert torch.accelerator.memory_allocated() == before + 4000
+    assert torch.accelerator.max_memory_allocated() == before + 4000
+    assert torch.accelerator.memory_reserved() == torch.neuron.memory_allocated()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == before + 4000
+    assert stats["allocation.all.current"] == torch.neuron.memory_stats()["allocation.all.current"]
+    del x
+    assert torch.accelerator.memory_allocated() == before
+    assert torch.accelerator.max_memory_allocated() == before + 4000
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == before
+
+
 def test_empty_cache_frees_nothing_that_is_still_referenced():
     x = torch.empty(100, device="neuron")
     allocated = torch.neuron.memory_allocated()

@@ -302,7 +302,9 @@ def test_conj_and_neg_views_keep_their_flag_through_ops_and_reads():
     """Note [Math bits]: a conj view's flag must survive ops, copies and host reads."""
     x = torch.randn(4, dtype=torch.complex64)
     c = x.to(NEURON).conj()
-    assert c.is_conj() and not c._data.is_conj()
+    assert c.is_conj()
+    if type(c) is not torch.Tensor:  # a NeuronTensor wrapper: the flag is the wrapper's, never its data's
+        assert not c._data.is_conj()
     torch.testing.assert_close((c * 2).cpu(), x.conj() * 2)  # mul dropped the conjugation before
     torch.testing.assert_close(c[1:].clone().cpu(), x.conj()[1:])
     torch.testing.assert_close(torch.dot(c, c).cpu(), torch.dot(x.conj(), x.conj()))

@@ -10,21 +10,22 @@
 //
 // The current device is per thread, as on CUDA. There is one stream per device, the default
 // one: launches are in order (device/stream.py runs at most one at a time, in issue order).
-#include <torch/extension.h>
+#include "neuron.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
 
+namespace neuron {
 namespace {
 
 using c10::Device;
 using c10::DeviceIndex;
 using c10::DeviceType;
 using c10::Stream;
-
-constexpr DeviceType kNeuron = DeviceType::PrivateUse1;
 
 std::atomic<DeviceIndex> g_device_count{0};
 thread_local DeviceIndex t_current_device = 0;
@@ -100,12 +101,26 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
     }
     return exchange(device);
   }
+  // UntypedStorage.resize_ (FSDP1 frees and regrows parameter storage with it). The bytes are
+  // host memory; the storage's allocator (memory.cpp) charges the new size on the storage's
+  // device and the old block's deleter releases the old one.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
+    const c10::DeviceGuard guard(storage.device());
+    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), new_bytes);
+  }
 };
 
 bool g_installed = false;
 
+}  // namespace
+
+DeviceIndex device_count() { return g_device_count.load(); }
+DeviceIndex current_device() { return t_current_device; }
+DeviceIndex checked_device(int64_t index) { return checked(static_cast<DeviceIndex>(index)); }
+void set_current_device(int64_t index) { exchange(static_cast<DeviceIndex>(index)); }
+
 // Once per process, at registration (dispatch/registration.py), with the runtime's count.
-void install(int64_t device_count) {
+void install_guard(int64_t device_count) {
   TORCH_CHECK(!g_installed, "the neuron device guard is installed once per process");
   TORCH_CHECK(device_count > 0 && device_count <= 64, "device_count must be in [1, 64], got ", device_count);
   g_device_count.store(static_cast<DeviceIndex>(device_count));
@@ -115,12 +130,4 @@ void install(int64_t device_count) {
   g_installed = true;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "The neuron device's C++ runtime core: device guard and PrivateUse1 hooks.";
-  m.def("install", &install, "register the guard and hooks for `device_count` devices");
-  m.def("current_device", []() { return static_cast<int64_t>(t_current_device); });
-  m.def("set_current_device", [](int64_t index) { exchange(static_cast<DeviceIndex>(index)); });
-  m.def("device_count", []() { return static_cast<int64_t>(g_device_count.load()); });
-}
+}  // namespace neuron

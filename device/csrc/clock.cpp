@@ -1,0 +1,98 @@
+// The emulated clock: what each device has done (launches, ops, transfers) and the device
+// time the cost model charged for it, in issue order.
+//
+// Launches are accounted on the thread that issues them and on the device stream's worker
+// (device/stream.py), so every update takes the lock. The launch overhead is modelled, and
+// also spent on the calling thread when NEURON_SPEND_LAUNCH_OVERHEAD asks for it (a host
+// blocked on a launch spins anyway; sleeping cannot wait 15 us).
+#include "neuron.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+namespace neuron {
+namespace {
+
+std::mutex g_lock;
+std::vector<Counters> g_counters;  // sized once, at install
+double g_launch_overhead_us = 0;
+std::atomic<bool> g_spend_overhead{false};
+
+Counters& counters_of(c10::DeviceIndex d) {
+  TORCH_CHECK(d >= 0 && static_cast<size_t>(d) < g_counters.size(),
+              "internal error: no clock for neuron:", static_cast<int>(d), " (the device is not installed)");
+  return g_counters[d];
+}
+
+void spin_us(double us) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(us);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+}  // namespace
+
+void install_clock(c10::DeviceIndex count, double launch_overhead_us, bool spend_overhead) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  TORCH_CHECK(g_counters.empty(), "the neuron clock is installed once per process");
+  g_counters.resize(count);
+  g_launch_overhead_us = launch_overhead_us;
+  g_spend_overhead.store(spend_overhead);
+}
+
+void set_spend_overhead(bool spend) { g_spend_overhead.store(spend); }
+
+double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t num_ops) {
+  const double total = overhead + op_us;
+  {
+    std::lock_guard<std::mutex> guard(g_lock);
+    Counters& c = counters_of(d);
+    c.launches += 1;
+    c.kernel_ops += num_ops;
+    c.device_time_us += total;
+    c.launch_overhead_us += overhead;
+  }
+  return total;
+}
+
+double launch(c10::DeviceIndex d, double op_us, int64_t num_ops) {
+  const double overhead = g_launch_overhead_us;
+  const double total = account_launch(d, overhead, op_us, num_ops);
+  if (overhead > 0 && g_spend_overhead.load(std::memory_order_relaxed)) {
+    spin_us(overhead);
+  }
+  return total;
+}
+
+void transfer(c10::DeviceIndex d, int64_t nbytes, double us) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  Counters& c = counters_of(d);
+  c.transfers += 1;
+  c.transfer_bytes += nbytes;
+  c.device_time_us += us;
+}
+
+void refund(c10::DeviceIndex d, double op_us, int64_t num_ops) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  Counters& c = counters_of(d);
+  c.kernel_ops -= num_ops;
+  c.device_time_us -= op_us;
+}
+
+Counters counters(c10::DeviceIndex d) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  return counters_of(d);
+}
+
+void reset_counters() {
+  std::lock_guard<std::mutex> guard(g_lock);
+  for (Counters& c : g_counters) {
+    c = Counters();
+  }
+}
+
+}  // namespace neuron

@@ -1,0 +1,569 @@
+// The eager path of native neuron tensors: every ATen op runs its CPU kernel on the host
+// memory the device tensors own, without entering Python (NEURON_TENSORS=native).
+//
+// Note [Host aliases]: a neuron tensor's bytes are host memory from the neuron allocator
+// (memory.cpp). To run an op, each neuron argument is replaced by a CPU tensor that aliases
+// those bytes (same sizes, strides, offset and math bits; its storage owns nothing), the
+// op's CPU kernel runs, and each result is mapped back:
+//   - a result whose storage is an alias's storage is a view: a neuron tensor on the
+//     original storage, with the result's geometry;
+//   - a written argument (in-place, out=) is returned as the very input; if the kernel
+//     resized it, the original takes the new geometry, and new bytes if it reallocated;
+//   - any other result is new: its CPU storage is adopted, zero-copy, by a neuron storage,
+//     and charged to the device (torch.OutOfMemoryError if it does not fit).
+// Same CPU kernels as CPU itself, so CPU's bits. Random ops draw from the device's generator
+// (Note [RNG order] in dispatch/kernels.py): a `generator=None` argument gets it, and an op
+// without one (native_dropout) runs with torch's default CPU generator lent its state.
+#include "neuron.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace neuron {
+namespace {
+
+using c10::DeviceIndex;
+using c10::IValue;
+
+// -- the cost model's figures, set from Python (device/cost.py) ---------------------------
+double g_us_per_byte = 0;
+std::unordered_map<int, double> g_us_per_flop;  // by ScalarType; written once, at install
+double g_default_us_per_flop = 0;
+std::vector<at::Generator> g_generators;  // one per device: the runtime's (Python) generators
+
+double us_per_flop(at::ScalarType t) {
+  auto it = g_us_per_flop.find(static_cast<int>(t));
+  return it == g_us_per_flop.end() ? g_default_us_per_flop : it->second;
+}
+
+// FLOPs of the matmul family, as torch.utils.flop_counter counts them; 0 for other ops
+// (priced by the bytes they move).
+double matmul_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in) {
+  const std::string& n = name.name;
+  auto dims = [&](size_t i) { return in.size() > i ? in[i].sizes() : c10::IntArrayRef(); };
+  if (n == "aten::mm" || n == "aten::addmm") {
+    const size_t a = n == "aten::mm" ? 0 : 1;
+    if (dims(a).size() == 2 && dims(a + 1).size() == 2) {
+      return 2.0 * dims(a)[0] * dims(a)[1] * dims(a + 1)[1];
+    }
+  } else if (n == "aten::bmm" || n == "aten::baddbmm") {
+    const size_t a = n == "aten::bmm" ? 0 : 1;
+    if (dims(a).size() == 3 && dims(a + 1).size() == 3) {
+      return 2.0 * dims(a)[0] * dims(a)[1] * dims(a)[2] * dims(a + 1)[2];
+    }
+  }
+  return 0;
+}
+
+double roofline_us(double flops, double nbytes, at::ScalarType dtype) {
+  const double memory_us = nbytes * g_us_per_byte;
+  if (flops == 0) {
+    return memory_us;
+  }
+  const double compute_us = flops * us_per_flop(dtype);
+  return compute_us > memory_us ? compute_us : memory_us;
+}
+
+// -- Note [Host aliases] ------------------------------------------------------------------
+// A tensor with `like`'s dtype, geometry and math bits, on `storage`, for `key`'s backend.
+at::Tensor tensor_like_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), like.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) {
+    t._set_conj(true);
+  }
+  if (like.is_neg()) {
+    t._set_neg(true);
+  }
+  return t;
+}
+
+at::Tensor host_alias(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  // Resizable with the CPU allocator: an out= kernel may resize its output (then it gets new
+  // CPU bytes, which sync_written adopts). The alias never frees the device's bytes.
+  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                     c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
+                     c10::GetCPUAllocator(), /*resizable=*/true);
+  return tensor_like_on(std::move(alias), c10::DispatchKey::CPU, t);
+}
+
+// A neuron storage that adopts a CPU storage's bytes, zero-copy, charged to device d.
+struct Adopted {
+  c10::Storage cpu;
+  size_t nbytes;
+  DeviceIndex device;
+};
+
+void free_adopted(void* ctx) {
+  auto* a = static_cast<Adopted*>(ctx);
+  release(a->device, a->nbytes);
+  delete a;
+}
+
+c10::Storage adopt(const c10::Storage& cpu, DeviceIndex d) {
+  const size_t nbytes = cpu.nbytes();
+  charge(d, nbytes);  // raises torch.OutOfMemoryError: the CPU bytes die with the exception
+  void* data = const_cast<void*>(cpu.data());
+  auto* ctx = new Adopted{cpu, nbytes, d};
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(data, ctx, &free_adopted, c10::Device(kNeuron, d)),
+                      c10::GetAllocator(kNeuron), /*resizable=*/true);
+}
+
+at::Tensor neuron_tensor_on(c10::Storage storage, const at::Tensor& geometry) {
+  return tensor_like_on(std::move(storage), c10::DispatchKey::PrivateUse1, geometry);
+}
+
+// As Python prints it (torch.sparse_coo), for error messages.
+const char* layout_name(c10::Layout layout) {
+  switch (layout) {
+    case c10::kSparse: return "torch.sparse_coo";
+    case c10::kSparseCsr: return "torch.sparse_csr";
+    case c10::kSparseCsc: return "torch.sparse_csc";
+    case c10::kSparseBsr: return "torch.sparse_bsr";
+    case c10::kSparseBsc: return "torch.sparse_bsc";
+    case c10::kJagged: return "torch.jagged";
+    case c10::kMkldnn: return "torch._mkldnn";
+    default: return "non-strided";
+  }
+}
+
+// One op's arguments on the host, and what maps results back.
+struct HostCall {
+  DeviceIndex device = -1;
+  DeviceIndex target = -1;  // the device a `device=` argument names
+  bool cpu_indices_ok = false;
+  double in_bytes = 0;
+  c10::optional<at::ScalarType> dtype;
+  // Vectors searched linearly, not maps: an op has a handful of arguments, and this runs per op.
+  // alias storage -> the neuron storage it aliases (and new CPU storages -> their adopters)
+  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> storages;
+  // alias TensorImpl -> the neuron argument it stands for (kept alive for the call)
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> originals;
+  std::vector<at::Tensor> aliases;  // the host aliases, in argument order
+
+  template <typename Key, typename Value>
+  static Value* find(std::vector<std::pair<Key, Value>>& pairs, Key key) {
+    for (auto& [k, v] : pairs) {
+      if (k == key) {
+        return &v;
+      }
+    }
+    return nullptr;
+  }
+
+  [[noreturn]] void mismatch(const std::string& a, const std::string& b, const c10::OperatorName& op) {
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a,
+                " and ", b, "! (when running ", op, "). Move them to one device first, e.g. with .to('", a, "').");
+  }
+
+  at::Tensor to_host(const at::Tensor& t, const c10::OperatorName& op) {
+    if (!t.defined()) {
+      return t;
+    }
+    if (t.device().type() != kNeuron) {
+      // CPU 0-dim tensors are scalars, as on CUDA; CPU index tensors are allowed for indexing.
+      if (t.dim() != 0 && !cpu_indices_ok && !t.is_meta()) {
+        mismatch("neuron:" + std::to_string(device < 0 ? 0 : device), t.device().str(), op);
+      }
+      return t;
+    }
+    const DeviceIndex d = t.device().index();
+    if (device >= 0 && d != device) {
+      mismatch("neuron:" + std::to_string(device), "neuron:" + std::to_string(d), op);
+    }
+    device = d;
+    if (!dtype) {
+      dtype = t.scalar_type();
+    }
+    in_bytes += static_cast<double>(t.numel()) * t.element_size();
+    at::Tensor alias = host_alias(t);
+    storages.emplace_back(alias.storage().unsafeGetStorageImpl(), t.storage());
+    originals.emplace_back(alias.unsafeGetTensorImpl(), t);
+    aliases.push_back(alias);
+    return alias;
+  }
+
+  IValue arg_to_host(IValue v, const c10::OperatorName& op) {
+    if (v.isTensor()) {
+      return to_host(v.toTensor(), op);
+    }
+    if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) {
+        out.push_back(to_host(t, op));
+      }
+      return out;
+    }
+    if (v.isOptionalTensorList()) {
+      auto list = v.toOptionalTensorList();
+      c10::List<c10::optional<at::Tensor>> out;
+      out.reserve(list.size());
+      for (const c10::optional<at::Tensor>& t : list) {
+        out.push_back(t.has_value() ? c10::optional<at::Tensor>(to_host(*t, op)) : c10::nullopt);
+      }
+      return out;
+    }
+    if (v.isDevice() && v.toDevice().type() == kNeuron) {
+      target = checked_device(v.toDevice().has_index() ? v.toDevice().index() : current_device());
+      return IValue(c10::Device(c10::kCPU));
+    }
+    return v;
+  }
+
+  at::Tensor from_host(const at::Tensor& r, DeviceIndex d) {
+    if (!r.defined() || r.device().type() != c10::kCPU) {
+      return r;
+    }
+    if (r.layout() != c10::kStrided) {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors are dense (strided) only, but this op produced a ",
+          layout_name(r.layout()), " tensor. Keep sparse tensors on the CPU (x.cpu().to_sparse()), or use a dense equivalent "
+          "(to_dense(), torch.mm on dense tensors) on neuron.");
+    }
+    if (at::Tensor* same = find(originals, static_cast<const c10::TensorImpl*>(r.unsafeGetTensorImpl()))) {
+      return *same;  // written in place (its geometry is synced by sync_written)
+    }
+    const c10::StorageImpl* impl = r.storage().unsafeGetStorageImpl();
+    if (c10::Storage* base = find(storages, impl)) {
+      return neuron_tensor_on(*base, r);  // a view of an argument, or of an earlier new result
+    }
+    c10::Storage adopted = adopt(r.storage(), d);
+    // Other results on the same new bytes (several views of one buffer) share the storage.
+    storages.emplace_back(impl, adopted);
+    return neuron_tensor_on(adopted, r);
+  }
+
+  IValue result_from_host(IValue v, DeviceIndex d, double* out_bytes) {
+    if (v.isTensor()) {
+      const at::Tensor& r = v.toTensor();
+      if (r.defined()) {
+        *out_bytes += static_cast<double>(r.numel()) * r.element_size();
+      }
+      return from_host(r, d);
+    }
+    if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& r : list) {
+        *out_bytes += static_cast<double>(r.numel()) * r.element_size();
+        out.push_back(from_host(r, d));
+      }
+      return out;
+    }
+    return v;
+  }
+
+  // A written argument whose alias the kernel resized (or reallocated): the neuron tensor
+  // takes the alias's geometry, and its new bytes.
+  void sync_written(const at::Tensor& alias) {
+    at::Tensor* found = find(originals, static_cast<const c10::TensorImpl*>(alias.unsafeGetTensorImpl()));
+    if (found == nullptr) {
+      return;
+    }
+    at::Tensor& original = *found;
+    c10::TensorImpl* impl = original.unsafeGetTensorImpl();
+    if (alias.storage().data() != original.storage().data() || alias.storage().nbytes() != original.storage().nbytes()) {
+      impl->set_storage_keep_dtype(adopt(alias.storage(), original.device().index()));
+    }
+    if (original.sizes() != alias.sizes() || original.strides() != alias.strides() ||
+        original.storage_offset() != alias.storage_offset()) {
+      impl->set_sizes_and_strides(alias.sizes(), alias.strides(), alias.storage_offset());
+    }
+  }
+};
+
+bool is_optional_generator(const c10::Argument& a) {
+  const auto& type = a.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) {
+    return true;
+  }
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->containedType(0)->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+// Inside the block, torch's default CPU generator draws from `lender`'s state; on exit the
+// state reached goes back to `lender` and the default gets its own back, exception or not.
+struct DefaultGeneratorLent {
+  at::Generator lender;
+  at::Generator def;
+  c10::intrusive_ptr<c10::TensorImpl> saved;
+
+  explicit DefaultGeneratorLent(at::Generator g) : lender(std::move(g)), def(at::detail::getDefaultCPUGenerator()) {
+    saved = def.get_state().getIntrusivePtr();
+    def.set_state(lender.get_state());
+  }
+  ~DefaultGeneratorLent() {
+    try {
+      lender.set_state(def.get_state());
+      def.set_state(at::Tensor(saved));
+    } catch (...) {  // a destructor never throws; the states are plain byte tensors
+    }
+  }
+};
+
+bool is_cpu_index_op(const c10::OperatorName& name) {
+  const std::string& n = name.name;
+  return n == "aten::index" || n == "aten::index_put_" || n == "aten::index_put" || n == "aten::_index_put_impl_";
+}
+
+void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const c10::OperatorName& name = schema.operator_name();
+  const size_t num_args = schema.arguments().size();
+  const size_t first = stack->size() - num_args;
+  HostCall call;
+  call.cpu_indices_ok = is_cpu_index_op(name);
+  int generator_arg = -1;
+  for (size_t i = 0; i < num_args; ++i) {
+    IValue& v = (*stack)[first + i];
+    if (generator_arg < 0 && is_optional_generator(schema.arguments()[i])) {
+      generator_arg = static_cast<int>(i);
+      continue;
+    }
+    v = call.arg_to_host(std::move(v), name);
+  }
+  const DeviceIndex d = call.device >= 0 ? call.device : (call.target >= 0 ? call.target : current_device());
+  const DeviceIndex result_device = call.target >= 0 ? call.target : d;
+  std::unique_ptr<DefaultGeneratorLent> lent;
+  if (generator_arg >= 0) {
+    IValue& g = (*stack)[first + generator_arg];
+    if (g.isNone() || g.toGenerator().device().type() == kNeuron) {
+      TORCH_CHECK(g.isNone(), "a neuron torch.Generator is not supported yet; pass generator=None to draw "
+                              "from the device's generator (torch.neuron.manual_seed seeds it)");
+      g = IValue(g_generators.at(d));
+    }
+  } else if (op.hasTag(at::Tag::nondeterministic_seeded)) {
+    lent = std::make_unique<DefaultGeneratorLent>(g_generators.at(d));
+  }
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  lent.reset();
+
+  // Written arguments first: a result that is a written argument must see its new geometry.
+  for (size_t i = 0; i < num_args; ++i) {
+    const auto* alias_info = schema.arguments()[i].alias_info();
+    if (alias_info != nullptr && alias_info->isWrite()) {
+      for (size_t k = 0; k < call.aliases.size(); ++k) {
+        call.sync_written(call.aliases[k]);
+      }
+      break;
+    }
+  }
+  double out_bytes = 0;
+  const size_t num_returns = schema.returns().size();
+  const size_t results = stack->size() - num_returns;
+  for (size_t i = 0; i < num_returns; ++i) {
+    IValue& v = (*stack)[results + i];
+    v = call.result_from_host(std::move(v), result_device, &out_bytes);
+  }
+  const double flops = matmul_flops(name, call.aliases);
+  launch(d, roofline_us(flops, call.in_bytes + out_bytes, call.dtype.value_or(at::kFloat)), 1);
+}
+
+// -- the kernels every backend must have: allocation, views, copies ---------------------------
+void check_dense_unpinned(c10::optional<at::Layout> layout, c10::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "neuron tensors are dense (strided) only; keep sparse tensors on the CPU");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                               c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                               c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format) {
+  check_dense_unpinned(layout, pin_memory);
+  const c10::DeviceGuard guard(c10::device_or_default(device));  // the allocator takes the current device
+  return at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<at::ScalarType> dtype,
+                         c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                         c10::optional<bool> pin_memory) {
+  check_dense_unpinned(layout, pin_memory);
+  const c10::DeviceGuard guard(c10::device_or_default(device));
+  return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(kNeuron),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      c10::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+// Both may grow the storage through its allocator, the neuron one, which allocates on the
+// current device: hence the guard. New bytes are charged, old ones released.
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format) {
+  const c10::DeviceGuard guard(self.device());
+  return at::native::resize_(self, size, format);
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  const c10::DeviceGuard guard(self.device());
+  return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  const c10::DeviceGuard guard(self.device());
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(kNeuron)->allocate(0),
+                     c10::GetAllocator(kNeuron), /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, {0}, {});
+}
+
+// A copy that crosses the host/device boundary (or devices) is a transfer on the clock; one
+// within a device is a kernel launch, priced by the bytes it reads and writes.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const bool src_neuron = self.device().type() == kNeuron;
+  const bool dst_neuron = dst.device().type() == kNeuron;
+  at::Tensor src_host = src_neuron ? host_alias(self) : self;
+  at::Tensor dst_host = dst_neuron ? host_alias(dst) : dst;
+  dst_host.copy_(src_host, non_blocking);
+  const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
+  if (src_neuron && dst_neuron && self.device() == dst.device()) {
+    launch(dst.device().index(), roofline_us(0, 2 * nbytes, dst.scalar_type()), 1);
+  } else {
+    const DeviceIndex d = dst_neuron ? dst.device().index() : self.device().index();
+    transfer(d, static_cast<int64_t>(nbytes), nbytes * g_us_per_byte);
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_(dst, self.sizes(), c10::nullopt);
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  const at::Tensor host = self.device().type() == kNeuron ? host_alias(self) : self;
+  transfer(self.device().index(), static_cast<int64_t>(self.element_size()), self.element_size() * g_us_per_byte);
+  return at::_local_scalar_dense(host);
+}
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { run_on_host(op, stack); }
+
+// scaled_dot_product_attention asks this stub which kernel to take; unset for PrivateUse1 it
+// takes the math decomposition, where CPU takes _scaled_dot_product_flash_attention_for_cpu:
+// other bits. Asking CPU's choice on the host aliases takes CPU's kernel, run by the fallback.
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         c10::optional<double> scale, bool enable_gqa) {
+  auto on_host = [](const at::Tensor& t) { return t.device().type() == kNeuron ? host_alias(t) : t; };
+  const c10::optional<at::Tensor> host_mask = mask.has_value() && mask->defined()
+                                                 ? c10::optional<at::Tensor>(on_host(*mask)) : mask;
+  return at::_fused_sdp_choice(on_host(q), on_host(k), on_host(v), host_mask, dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+
+std::vector<std::unique_ptr<torch::Library>> g_libraries;
+
+// Note [CPU kernels whole]: an op with a CPU kernel and a composite one (CompositeExplicit-
+// AutogradNonFunctional: the functional and in-place forms of the ~400 structured ops;
+// CompositeExplicitAutograd: native_layer_norm, addr, ...; CompositeImplicitAutograd:
+// silu_backward, mish_backward) would run the composite on PrivateUse1: another route than
+// CPU's (mse_loss through mse_loss.out, which resizes its output and warns) or other bits
+// (silu_backward's decomposition). A PrivateUse1 kernel of its own sends it to the fallback
+// whole, so it runs CPU's own kernel, and autograd treats it as it does on CPU.
+void register_cpu_kernels_whole(torch::Library& aten) {
+  // Composites that choose a backend by device type, and know only CPU/CUDA: run on the host
+  // aliases, they take CPU's path (convolution would call convolution_overrideable).
+  for (const char* name : {"aten::convolution", "aten::convolution_backward", "aten::mode.values"}) {
+    aten.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
+  static const c10::DispatchKey composites[] = {
+      c10::DispatchKey::CompositeExplicitAutogradNonFunctional, c10::DispatchKey::CompositeExplicitAutograd,
+      c10::DispatchKey::CompositeImplicitAutograd};
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;  // no CPU kernel, or a kernel of ours (empty, views, copies) registered above
+    }
+    for (const auto key : composites) {
+      if (op->hasKernelForDispatchKey(key)) {
+        aten.impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
+                   double default_us_per_flop, std::vector<at::Generator> generators) {
+  TORCH_CHECK(g_libraries.empty(), "the neuron eager kernels are installed once per process");
+  TORCH_CHECK(static_cast<DeviceIndex>(generators.size()) == device_count(), "one generator per device");
+  g_us_per_byte = us_per_byte;
+  for (const auto& [type, us] : us_per_flop) {
+    g_us_per_flop[type] = us;
+  }
+  g_default_us_per_flop = default_us_per_flop;
+  g_generators = std::move(generators);
+  auto aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                               __FILE__, __LINE__);
+  aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  aten->impl("empty_strided", TORCH_FN(empty_strided));
+  aten->impl("as_strided", TORCH_FN(as_strided));
+  aten->impl("view", TORCH_FN(view));
+  aten->impl("_reshape_alias", TORCH_FN(reshape_alias));
+  aten->impl("resize_", TORCH_FN(resize));
+  aten->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  aten->impl("set_.source_Storage", static_cast<at::Tensor& (*)(at::Tensor&, at::Storage)>(&at::native::set_));
+  aten->impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
+  aten->impl("set_", TORCH_FN(set_empty));
+  aten->impl("_copy_from", TORCH_FN(copy_from));
+  aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  register_cpu_kernels_whole(*aten);
+  auto all = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
+                                              __FILE__, __LINE__);
+  all->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  g_libraries.push_back(std::move(aten));
+  g_libraries.push_back(std::move(all));
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&fused_sdp_choice);
+  // copy_ hands a conj/neg source to _copy_from, which the Conjugate and Negative fallbacks
+  // would resolve first, by a clone whose copy_ reaches _copy_from again: endless recursion.
+  // copy_from reads the bits itself (its host aliases carry them, Note [Host aliases]).
+  for (const auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
+    auto bits = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    bits->impl("_copy_from", torch::CppFunction::makeFallthrough());
+    bits->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+    g_libraries.push_back(std::move(bits));
+  }
+}
+
+}  // namespace neuron

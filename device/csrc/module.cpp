@@ -1,0 +1,81 @@
+// device._C: the Python face of the neuron device's C++ core (the other files of csrc/).
+#include "neuron.h"
+
+#include <torch/csrc/Dtype.h>
+#include <torch/extension.h>
+
+namespace {
+
+using c10::DeviceIndex;
+
+DeviceIndex index_of(int64_t index) { return neuron::checked_device(index); }
+
+// Once per process, at registration (dispatch/registration.py).
+void install(int64_t device_count, const std::vector<int64_t>& capacities, double launch_overhead_us,
+             bool spend_overhead) {
+  TORCH_CHECK(static_cast<int64_t>(capacities.size()) == device_count,
+              "one capacity per device: got ", capacities.size(), " for ", device_count, " devices");
+  neuron::install_guard(device_count);
+  neuron::install_memory(capacities);
+  neuron::install_clock(static_cast<DeviceIndex>(device_count), launch_overhead_us, spend_overhead);
+}
+
+py::dict memory_stats(int64_t index) {
+  const neuron::MemoryStats s = neuron::memory_stats(index_of(index));
+  py::dict d;
+  d["capacity"] = s.capacity;
+  d["allocated"] = s.allocated;
+  d["peak"] = s.peak;
+  d["num_allocs"] = s.num_allocs;
+  d["num_frees"] = s.num_frees;
+  d["num_ooms"] = s.num_ooms;
+  return d;
+}
+
+py::tuple counters(int64_t index) {
+  const neuron::Counters c = neuron::counters(index_of(index));
+  return py::make_tuple(c.launches, c.kernel_ops, c.transfers, c.transfer_bytes, c.device_time_us,
+                        c.launch_overhead_us);
+}
+
+// us_per_flop: {torch.dtype: us}, read here into ScalarType codes.
+void install_eager(double us_per_byte, const py::dict& us_per_flop, double default_us_per_flop,
+                   std::vector<at::Generator> generators) {
+  std::vector<std::pair<int, double>> rates;
+  for (const auto& [dtype, us] : us_per_flop) {
+    TORCH_CHECK(THPDtype_Check(dtype.ptr()), "us_per_flop keys must be torch.dtype");
+    rates.emplace_back(static_cast<int>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type), us.cast<double>());
+  }
+  neuron::install_eager(us_per_byte, rates, default_us_per_flop, std::move(generators));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "The neuron device's C++ runtime core: guard and hooks, memory accounting and allocator, clock.";
+  m.def("install", &install, "register guard, hooks, allocator and clock for the runtime's devices");
+  m.def("current_device", []() { return static_cast<int64_t>(neuron::current_device()); });
+  m.def("set_current_device", &neuron::set_current_device);
+  m.def("device_count", []() { return static_cast<int64_t>(neuron::device_count()); });
+  // memory (Note [Device memory accounting])
+  m.def("charge", [](int64_t d, int64_t nbytes) { neuron::charge(index_of(d), nbytes); });
+  m.def("release", [](int64_t d, int64_t nbytes) { neuron::release(index_of(d), nbytes); });
+  m.def("check_fits", [](int64_t d, int64_t nbytes) { neuron::check_fits(index_of(d), nbytes); });
+  m.def("resize_charge", [](int64_t d, int64_t old_nbytes, int64_t new_nbytes) {
+    neuron::resize_charge(index_of(d), old_nbytes, new_nbytes);
+  });
+  m.def("uncharge", [](int64_t d, int64_t nbytes) { neuron::uncharge(index_of(d), nbytes); });
+  m.def("memory_stats", &memory_stats);
+  m.def("reset_peak", [](int64_t d) { neuron::reset_peak(index_of(d)); });
+  // clock
+  m.def("account_launch", [](int64_t d, double overhead_us, double op_us, int64_t num_ops) {
+    return neuron::account_launch(index_of(d), overhead_us, op_us, num_ops);
+  });
+  m.def("transfer", [](int64_t d, int64_t nbytes, double us) { neuron::transfer(index_of(d), nbytes, us); });
+  m.def("refund", [](int64_t d, double op_us, int64_t num_ops) { neuron::refund(index_of(d), op_us, num_ops); });
+  m.def("counters", &counters, "(launches, kernel_ops, transfers, transfer_bytes, device_time_us, launch_overhead_us)");
+  m.def("reset_counters", &neuron::reset_counters);
+  m.def("set_spend_overhead", &neuron::set_spend_overhead);
+  // native tensors (NEURON_TENSORS=native)
+  m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
+}
