@@ -33,5 +33,9 @@ refund = _C.refund
 counters = _C.counters
 reset_counters = _C.reset_counters
 set_spend_overhead = _C.set_spend_overhead
+# streams and events
+set_synchronizer = _C.set_synchronizer
+# generators
+host_generator = _C.host_generator
 # native tensors
 install_eager = _C.install_eager

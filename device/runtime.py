@@ -168,14 +168,14 @@ class Runtime:
         """Give the C++ core this runtime's devices: guard, hooks, allocator, clock. Once per
         process, at registration (Note [C++ device guard])."""
         native.install(self.device_count, [d.memory.capacity for d in self.devices],
-                       self.cost.launch_overhead_us, self.config.spend_launch_overhead)
+                       self.cost.launch_overhead_us, self.config.spend_launch_overhead,
+                       [d.generator for d in self.devices])
 
     def install_eager(self) -> None:
         """Register the C++ eager path of native tensors (NEURON_TENSORS=native), with this
-        runtime's cost figures and generators. Once per process, after install()."""
+        runtime's cost figures. Once per process, after install()."""
         rates = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
-        native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32),
-                             [d.generator for d in self.devices])
+        native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32))
 
 
 def _spin_us(us: float) -> None:

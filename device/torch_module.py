@@ -99,6 +99,57 @@ def build_module(runtime: Runtime) -> types.ModuleType:
                 runtime.current_index = self.prev_idx
             return False
 
+    # -- streams and events (Note [One queue per device] in csrc/streams.cpp) -------------
+    # Functions returning torch.Stream / torch.Event, not subclasses: torch's own methods
+    # (elapsed_time, wait_event, ...) accept only exact torch.Event / torch.Stream objects.
+    def Stream(device=None, priority=0) -> torch.Stream:  # noqa: N802 (torch.cuda.Stream's name)
+        """A new neuron stream, as torch.cuda.Stream(). Every stream of a device names the
+        device's one in-order queue, so work on two streams never overlaps: `wait_stream`
+        and `wait_event` have nothing to wait for, and the modelled time is the same."""
+        return torch.Stream(device=torch.device("neuron", _device_index(runtime, device)), priority=priority)
+
+    def Event(enable_timing=False, blocking=False, interprocess=False) -> torch.Event:  # noqa: N802
+        """A neuron event, as torch.cuda.Event(). With enable_timing=True, `elapsed_time` is
+        the modelled device time between the two records, in milliseconds."""
+        return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
+
+    def current_stream(device=None) -> torch.Stream:
+        return torch.accelerator.current_stream(_device_index(runtime, device))
+
+    def default_stream(device=None) -> torch.Stream:
+        current = current_stream(device)
+        return torch.Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
+
+    def set_stream(stream) -> None:
+        if stream is not None:
+            torch.accelerator.set_stream(stream)
+
+    class StreamContext:
+        """`with torch.neuron.stream(s):` runs the block with s as the current stream (and its
+        device as the current device), as torch.cuda.stream does; None: a no-op."""
+
+        def __init__(self, stream):
+            self.stream = stream
+            self.prev_stream = self.prev_device = None
+
+        def __enter__(self):
+            if self.stream is None:
+                return self.stream
+            self.prev_device = runtime.current_index
+            self.prev_stream = torch.accelerator.current_stream(self.stream.device_index)
+            torch.accelerator.set_stream(self.stream)
+            return self.stream
+
+        def __exit__(self, *exc) -> bool:
+            if self.stream is not None:
+                torch.accelerator.set_stream(self.prev_stream)
+                runtime.current_index = self.prev_device
+            return False
+
+    def stream(stream) -> StreamContext:
+        return StreamContext(stream)
+
     def synchronize(device=None) -> None:
         """Wait for all work queued on the device. Every device is drained: with one
         in-order host thread feeding all devices, that is never wrong and never slower."""

@@ -25,7 +25,6 @@ gloo, the way every op of the emulated device runs on its host data:
 from __future__ import annotations
 
 import datetime
-import inspect
 
 import torch
 
@@ -63,65 +62,7 @@ def install() -> bool:
         return False
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=list(DEVICES))
-    _guard_ddp_options()
     return True
-
-
-# -- DDP options that need pinned memory ---------------------------------------------------------
-# DDP's C++ reducer keeps its map of used parameters in pinned host memory when the
-# parameters are on an accelerator (the same options work for a CPU model:
-# tests/test_distributed.py). `static_graph=True` and `find_unused_parameters=True` use that
-# map, and its allocation asks the accelerator for a pinned allocator, which a Python
-# backend cannot register (torch's Python PrivateUse1 hooks have no such method): the first
-# backward then failed with "implement `getPinnedMemoryAllocator`". We refuse at
-# construction instead.
-_PINNED_OPTIONS = ("static_graph", "find_unused_parameters")
-_PINNED_OPTION_HINTS = {
-    "static_graph": "",
-    "find_unused_parameters": ", and make every parameter take part in the loss "
-                              "(e.g. add 0 * p.sum() for a parameter a step does not use)",
-}
-
-
-def pinned_option_error(option: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"DistributedDataParallel({option}=True) is not supported for a model on neuron: DDP's "
-        f"reducer then keeps its used-parameter map in pinned host memory, and the emulated "
-        f"neuron device (a pure-Python backend) cannot provide a pinned-memory allocator "
-        f"(that needs C++). Leave {option}=False (the default){_PINNED_OPTION_HINTS[option]}.")
-
-
-def _has_neuron_parameters(module) -> bool:
-    return any(p.device.type == BACKEND_NAME for p in module.parameters())
-
-
-def _guard_ddp_options() -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    init = DDP.__init__
-    if getattr(init, "_neuron", False):
-        return
-
-    signature = inspect.signature(init)
-
-    def __init__(self, module, *args, **kwargs):
-        given = signature.bind(self, module, *args, **kwargs).arguments  # positional ones too
-        chosen = [o for o in _PINNED_OPTIONS if given.get(o)]
-        if chosen and _has_neuron_parameters(module):
-            raise pinned_option_error(chosen[0])
-        init(self, module, *args, **kwargs)
-
-    def _set_static_graph(self):
-        if _has_neuron_parameters(self.module):
-            raise pinned_option_error("static_graph")
-        set_static_graph(self)
-
-    set_static_graph = DDP._set_static_graph
-    __init__._neuron = True
-    __init__.__doc__ = init.__doc__
-    _set_static_graph.__doc__ = set_static_graph.__doc__
-    DDP.__init__ = __init__
-    DDP._set_static_graph = _set_static_graph
 
 
 # -- the collective kernel --------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from device import native
 from device.profiling import mark_device_time, profile_range, profiler_enabled
 
 from .classify import OpInfo
@@ -119,6 +120,8 @@ def run_on_host(info: OpInfo, device_index: int, args, kwargs):
         return info.op(*args, **kwargs)
     gen = CONTEXT.runtime.devices[device_index].generator
     name = info.generator_arg
+    if name is not None:
+        args = _with_host_generators(args, kwargs, name)
     if name is not None and kwargs.get(name) is None and _generator_is_kwarg(info):
         kwargs[name] = gen
         return info.op(*args, **kwargs)
@@ -162,6 +165,17 @@ def run_on_host_with_math_bits(info: OpInfo, device_index: int, args, kwargs):
     exclude = torch._C._dispatch_tls_local_exclude_set()
     with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude - _MATH_BIT_KEYS):
         return run_on_host(info, device_index, args, kwargs)
+
+
+def _with_host_generators(args, kwargs: dict, name: str):
+    """A torch.Generator(device='neuron') argument becomes the CPU generator it holds (host
+    kernels take only CPU generators: device/csrc/generator.cpp); returns the arguments."""
+    given = kwargs.get(name)
+    if isinstance(given, torch.Generator) and given.device.type == "neuron":
+        kwargs[name] = native.host_generator(given)
+    if any(isinstance(a, torch.Generator) and a.device.type == "neuron" for a in args):
+        args = [native.host_generator(a) if isinstance(a, torch.Generator) else a for a in args]
+    return args
 
 
 def _generator_is_kwarg(info: OpInfo) -> bool:

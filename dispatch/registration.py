@@ -8,6 +8,7 @@ import threading
 import torch
 
 import device as neuron_device
+from device import native
 from device.torch_module import build_module
 
 from . import attention, autocast, builtin_kernels, distributed, host_compat, optim_compat, transfers
@@ -74,6 +75,9 @@ def register() -> None:
         if CONTEXT.executor is None:
             install_executor(EagerExecutor())
         runtime.add_sync_hook(_drain_executor)
+        # Synchronizing a stream, an event or the device (torch.accelerator.synchronize) in C++
+        # runs what the engine holds back first: Note [One queue per device].
+        native.set_synchronizer(lambda index: runtime.synchronize(None if index < 0 else index))
         runtime.add_drain_hook(_wait_for_executor)
         # A launch still on the device stream (device/stream.py) must not run on while the
         # interpreter exits, nor be in flight when the process forks (the child has no worker).

@@ -174,6 +174,21 @@ def test_rng_state_is_per_device():
     assert not torch.equal(torch.neuron.get_rng_state(0), state1)
 
 
+def test_a_neuron_generator_draws_what_a_cpu_generator_with_its_seed_draws():
+    # torch.Generator(device='neuron') needed the C++ hooks' getNewGenerator.
+    g = torch.Generator(device="neuron").manual_seed(3)
+    assert g.device == torch.device("neuron:0") and g.initial_seed() == 3
+    cpu = torch.Generator().manual_seed(3)
+    assert torch.equal(torch.randn(4, device="neuron", generator=g).cpu(), torch.randn(4, generator=cpu))
+    x = torch.empty(6, device="neuron")
+    assert torch.equal(x.uniform_(generator=g).cpu(), torch.empty(6).uniform_(generator=cpu))
+    state = g.get_state()
+    first = torch.rand(3, device="neuron", generator=g).cpu()
+    g.set_state(state)
+    assert torch.equal(torch.rand(3, device="neuron", generator=g).cpu(), first)
+    assert torch.Generator(device="neuron:1").device == torch.device("neuron:1")
+
+
 def test_set_rng_state_rejects_a_non_state_tensor():
     with pytest.raises(TypeError, match="torch.uint8 tensor returned by get_rng_state"):
         torch.neuron.set_rng_state(torch.zeros(3))
@@ -249,6 +264,21 @@ def test_torch_accelerator_memory_functions_report_the_devices_own_accounting():
     assert torch.accelerator.max_memory_allocated() == before + 4000
     torch.accelerator.reset_peak_memory_stats()
     assert torch.accelerator.max_memory_allocated() == before
+
+
+def test_pinned_host_memory_comes_from_the_devices_host_allocator():
+    # Footguns 1 and 2 before the C++ hooks: pin_memory=True factories raised, and
+    # pin_memory() returned a copy that was never pinned.
+    assert torch.empty(4, pin_memory=True).is_pinned()
+    assert torch.zeros(2, 3, pin_memory=True)[1].is_pinned()  # a view into a pinned block
+    x = torch.arange(5.0)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned() and torch.equal(pinned, x)
+    assert pinned.pin_memory() is pinned  # already pinned: itself, as on CUDA
+    assert torch.equal(pinned.to("neuron", non_blocking=True).cpu(), x)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2,
+                                         pin_memory=True)
+    assert all(batch.is_pinned() for (batch,) in loader)
 
 
 def test_empty_cache_frees_nothing_that_is_still_referenced():

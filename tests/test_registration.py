@@ -84,11 +84,11 @@ def test_supported_torch_versions_pass_the_check(version):
 
 
 # -- pure-CPU PyTorch keeps working (in this process, where neuron is the accelerator) -------------
-def test_pin_memory_of_a_cpu_tensor_returns_an_equal_new_cpu_tensor():
+def test_pin_memory_of_a_cpu_tensor_returns_an_equal_new_pinned_cpu_tensor():
     x = torch.arange(4.0)
     pinned = x.pin_memory()
     assert pinned is not x and torch.equal(pinned, x) and pinned.device.type == "cpu"
-    assert x.is_pinned() is False and pinned.is_pinned() is False
+    assert x.is_pinned() is False and pinned.is_pinned() is True
 
 
 def _loader(**kwargs):

@@ -46,7 +46,6 @@ using c10::IValue;
 double g_us_per_byte = 0;
 std::unordered_map<int, double> g_us_per_flop;  // by ScalarType; written once, at install
 double g_default_us_per_flop = 0;
-std::vector<at::Generator> g_generators;  // one per device: the runtime's (Python) generators
 
 double us_per_flop(at::ScalarType t) {
   auto it = g_us_per_flop.find(static_cast<int>(t));
@@ -350,13 +349,9 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::unique_ptr<DefaultGeneratorLent> lent;
   if (generator_arg >= 0) {
     IValue& g = (*stack)[first + generator_arg];
-    if (g.isNone() || g.toGenerator().device().type() == kNeuron) {
-      TORCH_CHECK(g.isNone(), "a neuron torch.Generator is not supported yet; pass generator=None to draw "
-                              "from the device's generator (torch.neuron.manual_seed seeds it)");
-      g = IValue(g_generators.at(d));
-    }
+    g = IValue(host_generator(g.isNone() ? default_generator(d) : g.toGenerator()));
   } else if (op.hasTag(at::Tag::nondeterministic_seeded)) {
-    lent = std::make_unique<DefaultGeneratorLent>(g_generators.at(d));
+    lent = std::make_unique<DefaultGeneratorLent>(host_generator(default_generator(d)));
   }
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
@@ -524,15 +519,13 @@ void register_cpu_kernels_whole(torch::Library& aten) {
 }  // namespace
 
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
-                   double default_us_per_flop, std::vector<at::Generator> generators) {
+                   double default_us_per_flop) {
   TORCH_CHECK(g_libraries.empty(), "the neuron eager kernels are installed once per process");
-  TORCH_CHECK(static_cast<DeviceIndex>(generators.size()) == device_count(), "one generator per device");
   g_us_per_byte = us_per_byte;
   for (const auto& [type, us] : us_per_flop) {
     g_us_per_flop[type] = us;
   }
   g_default_us_per_flop = default_us_per_flop;
-  g_generators = std::move(generators);
   auto aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                                __FILE__, __LINE__);
   aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));

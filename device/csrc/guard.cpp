@@ -8,8 +8,7 @@
 // where the interface says noexcept, and the device count is the one the runtime chose, so
 // autograd sizes its per-device queues right (backward on neuron:1 asserted before).
 //
-// The current device is per thread, as on CUDA. There is one stream per device, the default
-// one: launches are in order (device/stream.py runs at most one at a time, in issue order).
+// The current device is per thread, as on CUDA, and so is the current stream of each device.
 #include "neuron.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -71,19 +70,31 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
   }
 
-  Stream getStream(Device d) const override { return default_stream(d.index()); }
+  // Streams and events: streams.cpp (Note [One queue per device]).
+  Stream getStream(Device d) const override { return current_stream(d.index()); }
   Stream getDefaultStream(Device d) const override { return default_stream(d.index()); }
-  Stream getStreamFromGlobalPool(Device d, bool /*isHighPriority*/) const override {
-    return default_stream(d.index());
+  Stream getStreamFromGlobalPool(Device d, bool /*isHighPriority*/) const override { return new_stream(d.index()); }
+  Stream getNewStream(Device d, int /*priority*/) const override { return new_stream(d.index()); }
+  Stream exchangeStream(Stream s) const override { return exchange_stream(s); }
+
+  void record(void** event, const Stream& stream, const DeviceIndex /*device_index*/,
+              const c10::EventFlag flag) const override {
+    record_event(event, stream, flag);
   }
-  Stream getNewStream(Device d, int /*priority*/) const override { return default_stream(d.index()); }
-  // One stream per device: the "previous" stream is the one given.
-  Stream exchangeStream(Stream s) const override { return default_stream(s.device_index()); }
+  // One in-order queue: a stream waiting for an event waits for nothing.
+  void block(void* /*event*/, const Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override { return true; }  // run once issued, in order
+  void synchronizeEvent(void* event) const override { synchronize_event(event); }
+  double elapsedTime(void* start, void* end, const DeviceIndex /*device_index*/) const override {
+    return elapsed_ms(start, end);
+  }
+  bool queryStream(const Stream& /*stream*/) const override { return true; }
+  void synchronizeStream(const Stream& stream) const override { synchronize(stream.device_index()); }
+  void synchronizeDevice(const DeviceIndex device_index) const override { synchronize(device_index); }
 
   DeviceIndex deviceCount() const noexcept override { return g_device_count.load(); }
 
-  // No event is ever created (record stays the base's "not supported"), so none is destroyed.
-  void destroyEvent(void* /*event*/, const DeviceIndex /*device_index*/) const noexcept override {}
+  void destroyEvent(void* event, const DeviceIndex /*device_index*/) const noexcept override { destroy_event(event); }
 };
 
 struct NeuronHooks final : public at::PrivateUse1HooksInterface {
@@ -101,6 +112,13 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
     }
     return exchange(device);
   }
+  const at::Generator& getDefaultGenerator(DeviceIndex device_index) const override {
+    return default_generator(device_index);
+  }
+  at::Generator getNewGenerator(DeviceIndex device_index) const override { return new_generator(device_index); }
+  // Pinned host memory (pinned_memory.cpp); is_pinned asks about a tensor's data pointer.
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
   // UntypedStorage.resize_ (FSDP1 frees and regrows parameter storage with it). The bytes are
   // host memory; the storage's allocator (memory.cpp) charges the new size on the storage's
   // device and the old block's deleter releases the old one.

@@ -12,12 +12,15 @@ DeviceIndex index_of(int64_t index) { return neuron::checked_device(index); }
 
 // Once per process, at registration (dispatch/registration.py).
 void install(int64_t device_count, const std::vector<int64_t>& capacities, double launch_overhead_us,
-             bool spend_overhead) {
-  TORCH_CHECK(static_cast<int64_t>(capacities.size()) == device_count,
-              "one capacity per device: got ", capacities.size(), " for ", device_count, " devices");
+             bool spend_overhead, std::vector<at::Generator> generators) {
+  TORCH_CHECK(static_cast<int64_t>(capacities.size()) == device_count &&
+                  static_cast<int64_t>(generators.size()) == device_count,
+              "one capacity and one generator per device: got ", capacities.size(), " and ", generators.size(),
+              " for ", device_count, " devices");
   neuron::install_guard(device_count);
   neuron::install_memory(capacities);
   neuron::install_clock(static_cast<DeviceIndex>(device_count), launch_overhead_us, spend_overhead);
+  neuron::install_generators(std::move(generators));
 }
 
 py::dict memory_stats(int64_t index) {
@@ -39,14 +42,28 @@ py::tuple counters(int64_t index) {
 }
 
 // us_per_flop: {torch.dtype: us}, read here into ScalarType codes.
-void install_eager(double us_per_byte, const py::dict& us_per_flop, double default_us_per_flop,
-                   std::vector<at::Generator> generators) {
+void install_eager(double us_per_byte, const py::dict& us_per_flop, double default_us_per_flop) {
   std::vector<std::pair<int, double>> rates;
   for (const auto& [dtype, us] : us_per_flop) {
     TORCH_CHECK(THPDtype_Check(dtype.ptr()), "us_per_flop keys must be torch.dtype");
     rates.emplace_back(static_cast<int>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type), us.cast<double>());
   }
-  neuron::install_eager(us_per_byte, rates, default_us_per_flop, std::move(generators));
+  neuron::install_eager(us_per_byte, rates, default_us_per_flop);
+}
+
+// The synchronizer is Python (the runtime's synchronize): called with the GIL, from the
+// threads that synchronize a stream, an event or the device. A Python exception propagates
+// as itself (torch's bindings restore it). Kept in a leaked object: it must outlive
+// interpreter shutdown's destruction of module globals.
+void set_synchronizer(py::object fn) {
+  auto* held = new py::object(std::move(fn));
+  neuron::set_synchronizer([held](c10::DeviceIndex d) {
+    if (!Py_IsInitialized()) {
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    (*held)(static_cast<int64_t>(d));
+  });
 }
 
 }  // namespace
@@ -76,6 +93,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("counters", &counters, "(launches, kernel_ops, transfers, transfer_bytes, device_time_us, launch_overhead_us)");
   m.def("reset_counters", &neuron::reset_counters);
   m.def("set_spend_overhead", &neuron::set_spend_overhead);
+  // streams and events
+  m.def("set_synchronizer", &set_synchronizer, "fn(device index, -1 for all) runs held-back work and waits");
+  // generators
+  m.def("host_generator", &neuron::host_generator, "the CPU generator a kernel draws from for a neuron generator");
   // native tensors (NEURON_TENSORS=native)
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
 }

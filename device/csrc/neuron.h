@@ -3,10 +3,14 @@
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -42,6 +46,29 @@ struct MemoryStats {
 MemoryStats memory_stats(c10::DeviceIndex d);
 void reset_peak(c10::DeviceIndex d);
 
+// pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
+c10::Allocator* pinned_allocator();
+bool is_pinned_ptr(const void* data);
+
+// generator.cpp: neuron generators, each holding the CPU generator the kernels draw from.
+void install_generators(std::vector<at::Generator> host_generators);  // the runtime's, one per device
+const at::Generator& default_generator(c10::DeviceIndex d);  // -1: the current device's
+at::Generator new_generator(c10::DeviceIndex d);
+// The CPU generator a kernel must be given for g (g itself when it is a CPU generator).
+at::Generator host_generator(const at::Generator& g);
+
+// streams.cpp: streams and events on the device's one in-order queue (Note [One queue per device]).
+// The synchronizer runs what upper layers hold back for device d (-1: all), then waits for it.
+void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer);
+void synchronize(c10::DeviceIndex d);
+c10::Stream current_stream(c10::DeviceIndex d);  // the calling thread's
+c10::Stream new_stream(c10::DeviceIndex d);
+c10::Stream exchange_stream(const c10::Stream& s) noexcept;
+void record_event(void** event, const c10::Stream& s, c10::EventFlag flag);
+void destroy_event(void* event) noexcept;
+void synchronize_event(void* event);
+double elapsed_ms(void* start, void* end);
+
 // clock.cpp: one launch of num_ops ops whose roofline time is op_us, on device d's clock;
 // returns its emulated time (launch overhead included).
 double launch(c10::DeviceIndex d, double op_us, int64_t num_ops);
@@ -65,8 +92,8 @@ Counters counters(c10::DeviceIndex d);
 void reset_counters();
 
 // eager.cpp: the eager path of native neuron tensors (CPU kernels on device memory), with the
-// cost model's figures (us_per_flop by ScalarType code) and one generator per device.
+// cost model's figures (us_per_flop by ScalarType code).
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
-                   double default_us_per_flop, std::vector<at::Generator> generators);
+                   double default_us_per_flop);
 
 }  // namespace neuron

@@ -208,6 +208,13 @@ def test_random_ops_draw_from_the_devices_generator_in_cpus_order():
     assert torch.equal(torch.randn(5, device=NEURON).cpu(), first.cpu())
 
 
+def test_a_neuron_generator_drives_the_eager_path_as_a_cpu_one_drives_cpu():
+    g, cpu = torch.Generator(device="neuron").manual_seed(11), torch.Generator().manual_seed(11)
+    assert torch.equal(torch.randperm(9, device=NEURON, generator=g).cpu(), torch.randperm(9, generator=cpu))
+    p = torch.full((16,), 0.5)
+    assert torch.equal(p.to(NEURON).bernoulli(generator=g).cpu(), p.bernoulli(generator=cpu))
+
+
 def test_ops_on_two_devices_are_refused_with_the_fix():
     with pytest.raises(RuntimeError, match="same device.*neuron:0 and neuron:1"):
         torch.ones(2, device="neuron:0") + torch.ones(2, device="neuron:1")

@@ -1,0 +1,121 @@
+// Streams and events of the emulated device, on its clock.
+//
+// Note [One queue per device]: the emulated device runs its launches in issue order, one at
+// a time (the clock is their sum: clock.cpp), so every stream of a device is a name for the
+// same queue: work on two streams can never overlap or reorder, `wait_stream`/`wait_event`
+// (block) have nothing to wait for, and an event is complete once what was issued before
+// it has run. Streams still exist, with ids, per-thread current streams and priorities, so
+// code written for CUDA streams (FSDP2, DCP, overlap schedules) runs as written.
+//
+// What upper layers hold back (the adaptive engine's pending ops) has not been issued yet:
+// synchronizing a stream, an event or the device first asks the synchronizer set from Python
+// (device/runtime.py) to run it. A timing event does so when recorded, so that its time is
+// the device clock after everything issued before it: elapsed_time is then modelled time.
+// Nothing here calls the synchronizer where autograd calls the guard (record of a plain
+// event, block, exchangeStream), so autograd's worker threads never reach Python through it.
+#include "neuron.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <mutex>
+
+namespace neuron {
+namespace {
+
+constexpr size_t kMaxDevices = 64;
+
+std::array<std::atomic<c10::StreamId>, kMaxDevices> g_next_stream{};  // 0 is the default stream
+thread_local std::array<c10::StreamId, kMaxDevices> t_current_stream{};
+
+std::mutex g_sync_lock;
+std::function<void(c10::DeviceIndex)> g_synchronizer;
+
+struct NeuronEvent {
+  c10::DeviceIndex device = -1;
+  bool timing = false;
+  bool recorded = false;
+  double time_us = 0;  // the device clock when recorded (timing events)
+};
+
+c10::DeviceIndex stream_device(const c10::Stream& s) {
+  return s.device_index() < 0 ? current_device() : s.device_index();
+}
+
+}  // namespace
+
+void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer) {
+  std::lock_guard<std::mutex> guard(g_sync_lock);
+  g_synchronizer = std::move(synchronizer);
+}
+
+void synchronize(c10::DeviceIndex d) {
+  std::function<void(c10::DeviceIndex)> synchronizer;
+  {
+    std::lock_guard<std::mutex> guard(g_sync_lock);
+    synchronizer = g_synchronizer;
+  }
+  if (synchronizer) {
+    synchronizer(d);
+  }
+}
+
+c10::Stream current_stream(c10::DeviceIndex d) {
+  const c10::DeviceIndex index = d < 0 ? current_device() : d;
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), t_current_stream.at(index));
+}
+
+c10::Stream new_stream(c10::DeviceIndex d) {
+  const c10::DeviceIndex index = d < 0 ? current_device() : d;
+  const c10::StreamId id = ++g_next_stream.at(index);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
+}
+
+c10::Stream exchange_stream(const c10::Stream& s) noexcept {
+  const c10::DeviceIndex index = stream_device(s);
+  const c10::Stream previous = current_stream(index);
+  t_current_stream[index] = s.id();
+  return previous;
+}
+
+void record_event(void** event, const c10::Stream& s, c10::EventFlag flag) {
+  const c10::DeviceIndex index = stream_device(s);
+  auto* e = static_cast<NeuronEvent*>(*event);
+  if (e == nullptr) {
+    e = new NeuronEvent();
+    e->device = index;
+    e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+    *event = e;
+  }
+  TORCH_CHECK(e->device == index, "Event device neuron:", static_cast<int>(e->device),
+              " does not match the recording stream's device neuron:", static_cast<int>(index), ".");
+  if (e->timing) {
+    synchronize(index);
+    e->time_us = counters(index).device_time_us;
+  }
+  e->recorded = true;
+}
+
+void destroy_event(void* event) noexcept { delete static_cast<NeuronEvent*>(event); }
+
+void synchronize_event(void* event) {
+  const auto* e = static_cast<NeuronEvent*>(event);
+  if (e != nullptr && e->recorded) {
+    synchronize(e->device);
+  }
+}
+
+double elapsed_ms(void* start, void* end) {
+  const auto* a = static_cast<NeuronEvent*>(start);
+  const auto* b = static_cast<NeuronEvent*>(end);
+  TORCH_CHECK(a != nullptr && b != nullptr && a->recorded && b->recorded,
+              "Both events must be recorded before calculating elapsed time: call event.record() on each.");
+  TORCH_CHECK(a->timing && b->timing,
+              "Both events must be created with enable_timing=True to calculate elapsed time.");
+  TORCH_CHECK(a->device == b->device, "Both events must be on the same device to calculate elapsed time.");
+  return (b->time_us - a->time_us) / 1000.0;
+}
+
+}  // namespace neuron
