@@ -50,14 +50,18 @@ def stats(device=None, *, wait: bool = True) -> Stats:
         index = device if isinstance(device, int) else torch.device(device).index
         indices = [runtime.check_index(index)]
     devs = [runtime.devices[i] for i in indices]
+    counters = [d.counters for d in devs]  # one read of the C++ clock per device
+    # Native tensors never enter Python: every op they issue is one the eager path ran.
+    ops = (sum(c.kernel_ops for c in counters) if runtime.config.native_tensors
+           else sum(CONTEXT.ops[i] for i in indices))
     return Stats(
-        ops=sum(CONTEXT.ops[i] for i in indices),
-        launches=sum(d.counters.launches for d in devs),
-        kernel_ops=sum(d.counters.kernel_ops for d in devs),
-        transfers=sum(d.counters.transfers for d in devs),
-        transfer_bytes=sum(d.counters.transfer_bytes for d in devs),
-        device_time_us=sum(d.counters.device_time_us for d in devs),
-        launch_overhead_us=sum(d.counters.launch_overhead_us for d in devs),
+        ops=ops,
+        launches=sum(c.launches for c in counters),
+        kernel_ops=sum(c.kernel_ops for c in counters),
+        transfers=sum(c.transfers for c in counters),
+        transfer_bytes=sum(c.transfer_bytes for c in counters),
+        device_time_us=sum(c.device_time_us for c in counters),
+        launch_overhead_us=sum(c.launch_overhead_us for c in counters),
         peak_memory_bytes=max(d.memory.peak for d in devs),
         memory_bytes=sum(d.memory.allocated for d in devs),
         fused_launches=engine.counters.fused_launches,

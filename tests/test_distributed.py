@@ -9,60 +9,20 @@ together in one module fixture, so the file costs about one job's wall time.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from dispatch.classify import classify
-from subproc import SUBPROCESS_TIMEOUT_S
+from torchrun import finish as _finish
+from torchrun import torchrun as _torchrun
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 REPO = WORKER.parent.parent
-TORCHRUN_TIMEOUT_S = SUBPROCESS_TIMEOUT_S  # two ranks, each importing torch, on a loaded machine
 DEMO_STEPS = 6
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun_command() -> list[str]:
-    """The `torchrun` script next to this interpreter; else the module it runs (a venv made
-    with --system-site-packages has no script of its own)."""
-    script = pathlib.Path(sys.executable).with_name("torchrun")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
-
-
-_TORCHRUN = _torchrun_command()
-
-
-def _torchrun(*args: str) -> subprocess.Popen:
-    port = _free_port()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               GLOO_SOCKET_IFNAME="lo")  # gloo's pairs on loopback too
-    cmd = [*_TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={port}", *args]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _finish(proc: subprocess.Popen) -> str:
-    try:
-        out, err = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"torchrun did not finish in {TORCHRUN_TIMEOUT_S} s:\n{out}\n{err}") from None
-    if proc.returncode != 0:
-        raise AssertionError(f"torchrun exited with {proc.returncode}:\n{out}\n{err}")
-    return out
 
 
 def _ranks(out_dir: pathlib.Path) -> list[dict]:

@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <typeinfo>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -223,6 +224,13 @@ struct HostCall {
       }
       return out;
     }
+    if (v.isList()) {  // lists of tensor lists (c10d::allgather_'s outputs)
+      c10::List<IValue> list = v.toList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        list.set(i, arg_to_host(list.get(i), op));
+      }
+      return list;
+    }
     if (v.isDevice() && v.toDevice().type() == kNeuron) {
       target = checked_device(v.toDevice().has_index() ? v.toDevice().index() : current_device());
       return IValue(c10::Device(c10::kCPU));
@@ -269,6 +277,13 @@ struct HostCall {
         out.push_back(from_host(r, d));
       }
       return out;
+    }
+    if (v.isList()) {
+      c10::List<IValue> list = v.toList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        list.set(i, result_from_host(list.get(i), d, out_bytes));
+      }
+      return list;
     }
     return v;
   }
@@ -466,6 +481,22 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { run_on_host(op, stack); }
 
+// `cpu_param.data = cpu_param.to('neuron')` (FSDP2 moving a module, nn.Module code) asks
+// whether the two tensors' impls are interchangeable. torch's own answer lists the dense
+// backends it knows (CPU, CUDA, XPU, ...), not PrivateUse1, and so says no. Dense strided
+// tensors of the host and the device are the same TensorImpl type, as CPU and CUDA ones are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto plain = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested() &&
+           (t.device().type() == kNeuron || t.device().type() == c10::kCPU) &&
+           typeid(*t.unsafeGetTensorImpl()) == typeid(c10::TensorImpl);
+  };
+  if (plain(self) && plain(from)) {
+    return true;
+  }
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 // scaled_dot_product_attention asks this stub which kernel to take; unset for PrivateUse1 it
 // takes the math decomposition, where CPU takes _scaled_dot_product_flash_attention_for_cpu:
 // other bits. Asking CPU's choice on the host aliases takes CPU's kernel, run by the fallback.
@@ -480,6 +511,10 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 std::vector<std::unique_ptr<torch::Library>> g_libraries;
+
+struct SilentWarnings final : public c10::WarningHandler {
+  void process(const c10::Warning& /*warning*/) override {}
+};
 
 // Note [CPU kernels whole]: an op with a CPU kernel and a composite one (CompositeExplicit-
 // AutogradNonFunctional: the functional and in-place forms of the ~400 structured ops;
@@ -541,7 +576,27 @@ void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>
   aten->impl("_copy_from", TORCH_FN(copy_from));
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  aten->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   register_cpu_kernels_whole(*aten);
+  // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose
+  // gloo rejects neuron tensors. Run on the host aliases, c10d's CPU kernels hand gloo the
+  // device's bytes: gloo reads and writes them in place, async work included.
+  // Overriding their kernels warns once per process; the override is the point, so silence it.
+  SilentWarnings silent;
+  c10::WarningUtils::WarningHandlerGuard quiet(&silent);
+  auto c10d = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d", c10::DispatchKey::PrivateUse1,
+                                               __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("c10d::", 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(name);
+    if (op && op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      c10d->impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    }
+  }
+  g_libraries.push_back(std::move(c10d));
   auto all = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
                                               __FILE__, __LINE__);
   all->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());

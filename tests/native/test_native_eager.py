@@ -51,6 +51,13 @@ def test_assigning_dot_data_replaces_the_parameters_value():
     assert (p * 2).sum().item() == 6.0
 
 
+def test_assigning_a_neuron_value_to_a_cpu_parameters_data_moves_it():  # as FSDP2 moves modules
+    p = torch.nn.Parameter(torch.arange(3.0))
+    p.data = p.data.to(NEURON)  # torch refused: PrivateUse1 was not among its dense backends
+    assert p.device == torch.device("neuron:0") and isinstance(p, torch.nn.Parameter)
+    assert torch.equal((p * 2).cpu(), torch.arange(3.0) * 2)
+
+
 def test_torch_save_keeps_views_sharing_their_storage():
     base = torch.arange(8.0, device=NEURON)
     buf = io.BytesIO()
@@ -112,7 +119,7 @@ def test_each_op_is_one_launch_and_each_host_copy_one_transfer():
     adaptive_eager.reset_stats()
     y = (x @ x).relu()
     s = adaptive_eager.stats()
-    assert (s.launches, s.kernel_ops, s.transfers) == (2, 2, 0)
+    assert (s.ops, s.launches, s.kernel_ops, s.transfers) == (2, 2, 2, 0)
     y.cpu()
     s = adaptive_eager.stats()
     assert (s.launches, s.transfers, s.transfer_bytes) == (2, 1, 256)
