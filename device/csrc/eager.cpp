@@ -95,15 +95,22 @@ at::Tensor tensor_like_on(c10::Storage storage, c10::DispatchKey key, const at::
   return t;
 }
 
-at::Tensor host_alias(const at::Tensor& t) {
-  const c10::Storage& storage = t.storage();
+c10::Storage alias_storage(const c10::Storage& storage) {
   // Resizable with the CPU allocator: an out= kernel may resize its output (then it gets new
   // CPU bytes, which sync_written adopts). The alias never frees the device's bytes.
-  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
-                     c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
-                     c10::GetCPUAllocator(), /*resizable=*/true);
-  return tensor_like_on(std::move(alias), c10::DispatchKey::CPU, t);
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
+                      c10::GetCPUAllocator(), /*resizable=*/true);
 }
+
+// t as a CPU tensor on `alias`, a host alias of t's storage. Arguments of one op that share a
+// neuron storage must share one alias storage too: CPU kernels detect overlapping inputs and
+// outputs by storage identity (x[1:].copy_(x[:-1]) must raise, as on CPU, not go wrong).
+at::Tensor host_alias_on(const c10::Storage& alias, const at::Tensor& t) {
+  return tensor_like_on(alias, c10::DispatchKey::CPU, t);
+}
+
+at::Tensor host_alias(const at::Tensor& t) { return host_alias_on(alias_storage(t.storage()), t); }
 
 // A neuron storage that adopts a CPU storage's bytes, zero-copy, charged to device d.
 struct Adopted {
@@ -154,8 +161,9 @@ struct HostCall {
   double in_bytes = 0;
   c10::optional<at::ScalarType> dtype;
   // Vectors searched linearly, not maps: an op has a handful of arguments, and this runs per op.
-  // alias storage -> the neuron storage it aliases (and new CPU storages -> their adopters)
-  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> storages;
+  // (host storage, neuron storage): each alias storage and the neuron storage it aliases, and
+  // each new result's CPU storage and the neuron storage that adopted it
+  std::vector<std::pair<c10::Storage, c10::Storage>> storages;
   // alias TensorImpl -> the neuron argument it stands for (kept alive for the call)
   std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> originals;
   std::vector<at::Tensor> aliases;  // the host aliases, in argument order
@@ -195,8 +203,17 @@ struct HostCall {
       dtype = t.scalar_type();
     }
     in_bytes += static_cast<double>(t.numel()) * t.element_size();
-    at::Tensor alias = host_alias(t);
-    storages.emplace_back(alias.storage().unsafeGetStorageImpl(), t.storage());
+    at::Tensor alias;
+    for (const auto& [host, base] : storages) {
+      if (base.is_alias_of(t.storage())) {  // an earlier argument's storage: the same alias
+        alias = host_alias_on(host, t);
+        break;
+      }
+    }
+    if (!alias.defined()) {
+      alias = host_alias(t);
+      storages.emplace_back(alias.storage(), t.storage());
+    }
     originals.emplace_back(alias.unsafeGetTensorImpl(), t);
     aliases.push_back(alias);
     return alias;
@@ -250,13 +267,14 @@ struct HostCall {
     if (at::Tensor* same = find(originals, static_cast<const c10::TensorImpl*>(r.unsafeGetTensorImpl()))) {
       return *same;  // written in place (its geometry is synced by sync_written)
     }
-    const c10::StorageImpl* impl = r.storage().unsafeGetStorageImpl();
-    if (c10::Storage* base = find(storages, impl)) {
-      return neuron_tensor_on(*base, r);  // a view of an argument, or of an earlier new result
+    for (const auto& [host, base] : storages) {
+      if (host.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
+        return neuron_tensor_on(base, r);  // a view of an argument, or of an earlier new result
+      }
     }
     c10::Storage adopted = adopt(r.storage(), d);
     // Other results on the same new bytes (several views of one buffer) share the storage.
-    storages.emplace_back(impl, adopted);
+    storages.emplace_back(r.storage(), adopted);
     return neuron_tensor_on(adopted, r);
   }
 
@@ -456,7 +474,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const bool src_neuron = self.device().type() == kNeuron;
   const bool dst_neuron = dst.device().type() == kNeuron;
   at::Tensor src_host = src_neuron ? host_alias(self) : self;
-  at::Tensor dst_host = dst_neuron ? host_alias(dst) : dst;
+  // One alias storage for both when they share one (Note: overlap is found by storage identity).
+  at::Tensor dst_host = !dst_neuron ? dst
+                        : src_neuron && dst.storage().is_alias_of(self.storage()) ? host_alias_on(src_host.storage(), dst)
+                                                                                 : host_alias(dst);
   dst_host.copy_(src_host, non_blocking);
   const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
   if (src_neuron && dst_neuron && self.device() == dst.device()) {

@@ -230,6 +230,30 @@ def test_ops_on_two_devices_are_refused_with_the_fix():
     assert (torch.ones(2, device=NEURON) + torch.tensor(1.0)).device == torch.device("neuron:0")  # a CPU scalar
 
 
+@pytest.mark.parametrize("write", [
+    lambda x: x[1:].copy_(x[:-1]),
+    lambda x: torch.add(x[:-1], 1, out=x[1:]),
+    lambda x: x.index_copy_(0, torch.tensor([0, 1], device=x.device), x[2:4]),
+], ids=["copy_", "add-out", "index_copy_"])
+def test_a_write_overlapping_its_input_is_refused_as_on_cpu(write):
+    # Each argument had a host alias of its own, so CPU kernels saw no overlap: x[1:].copy_(x[:-1])
+    # silently wrote zeros. Arguments on one storage now share one alias storage.
+    for device in ("cpu", NEURON):
+        x = torch.arange(6.0, device=device)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            write(x)
+
+
+def test_inputs_sharing_a_storage_give_cpus_values():
+    expected = torch.arange(6.0)
+    expected[:3] *= expected[3:].clone()
+    x = torch.arange(6.0, device=NEURON)
+    x[:3].mul_(x[3:])
+    assert torch.equal(x.cpu(), expected)
+    y = torch.arange(4.0, device=NEURON)
+    assert torch.equal(y.add_(y).cpu(), torch.arange(4.0) * 2)
+
+
 def test_an_out_argument_of_the_wrong_size_is_resized_as_on_cpu():
     out = torch.empty(0, device=NEURON)
     torch.mul(torch.arange(6.0, device=NEURON).view(2, 3), 2, out=out)
