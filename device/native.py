@@ -39,3 +39,5 @@ set_synchronizer = _C.set_synchronizer
 host_generator = _C.host_generator
 # native tensors
 install_eager = _C.install_eager
+host_alias = _C.host_alias
+adopt = _C.adopt

@@ -62,7 +62,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def register(lib: torch.library.Library) -> None:
+def register(lib: torch.library.Library, native_tensors: bool = False) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
+    if native_tensors:  # inference_mode skips the autograd key; native ops never reach an executor
+        lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")
     # Under inference_mode the op skips that key and reaches the executor whole: the same choice.
     aten.scaled_dot_product_attention.default._neuron_decomposition = _sdpa

@@ -28,8 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.utils._pytree as pytree
 
-from .classify import COST_HOOKS, forget
+from device import get_runtime, native
+
+from .classify import COST_HOOKS, classify, forget
+from .context import CONTEXT
+from .kernels import DefaultGeneratorLent, priced_us
 
 CostFn = Callable[..., dict]
 
@@ -53,12 +58,49 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
 
     def register(fn):
         op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema, tags=tags)
+        if get_runtime().config.native_tensors:
+            # "privateuseone", not "neuron": our own kernels are defined before the rename.
+            op.register_kernel("privateuseone", _on_host(fn, op._opoverload))
         if cost is not None:
             set_cost(op, cost)
         if fake:
             op.register_fake(fn if fake is True else fake)
         return op
     return register
+
+
+def _on_host(fn, overload):
+    """Note [Custom kernels on native tensors]: native neuron tensors run every op in C++,
+    where a Python kernel's body would be many launches on device tensors. This kernel runs
+    the body once, on host aliases of the device's bytes, adopts its results (zero-copy,
+    charged to the device) and charges one launch, priced as the wrapper prices it."""
+
+    def kernel(*args, **kwargs):
+        device, in_bytes = [-1], [0]
+
+        def to_host(x):
+            if isinstance(x, torch.Tensor) and x.device.type == "neuron":
+                device[0] = x.device.index
+                in_bytes[0] += x.nbytes
+                return native.host_alias(x)
+            return x
+
+        host_args, host_kwargs = pytree.tree_map(to_host, (args, kwargs))
+        runtime = CONTEXT.runtime
+        index = runtime.current_index if device[0] < 0 else device[0]
+        info = classify(overload)
+        if info.is_random:
+            with DefaultGeneratorLent(runtime.devices[index].generator):
+                out = fn(*host_args, **host_kwargs)
+        else:
+            out = fn(*host_args, **host_kwargs)
+        out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        dtype = next((t.dtype for t in pytree.tree_leaves((host_args, host_kwargs)) if isinstance(t, torch.Tensor)), None)
+        runtime.launch(index, priced_us(info, host_args, host_kwargs, out, in_bytes[0] + out_bytes, dtype))
+        return pytree.tree_map(lambda t: native.adopt(t, index) if isinstance(t, torch.Tensor) else t, out)
+
+    kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"
+    return kernel
 
 
 def set_cost(op, cost: CostFn) -> None:

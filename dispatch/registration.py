@@ -64,8 +64,10 @@ def register() -> None:
         else:
             register_factories(lib)
             transfers.register_copy_kernels(lib)
-            attention.register(lib)
-            builtin_kernels.register(lib)
+        # The device's own kernels (one launch each way), on either kind of tensor: Note
+        # [Custom kernels on native tensors] in custom_kernels.py.
+        attention.register(lib, native_tensors=runtime.config.native_tensors)
+        builtin_kernels.register(lib, native_tensors=runtime.config.native_tensors)
         autocast.register(lib)
         host_compat.install(runtime, native_tensors=runtime.config.native_tensors)
         optim_compat.install()

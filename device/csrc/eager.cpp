@@ -32,7 +32,6 @@
 
 #include <memory>
 #include <typeinfo>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -524,7 +523,17 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          c10::optional<double> scale, bool enable_gqa) {
-  auto on_host = [](const at::Tensor& t) { return t.device().type() == kNeuron ? host_alias(t) : t; };
+  // requires_grad is part of what the choice reads: a mask that needs a gradient rules out flash.
+  auto on_host = [](const at::Tensor& t) {
+    if (t.device().type() != kNeuron) {
+      return t;
+    }
+    at::Tensor alias = host_alias(t);
+    if (t.requires_grad()) {
+      alias.set_requires_grad(true);
+    }
+    return alias;
+  };
   const c10::optional<at::Tensor> host_mask = mask.has_value() && mask->defined()
                                                  ? c10::optional<at::Tensor>(on_host(*mask)) : mask;
   return at::_fused_sdp_choice(on_host(q), on_host(k), on_host(v), host_mask, dropout_p, is_causal, scale,
@@ -573,6 +582,26 @@ void register_cpu_kernels_whole(torch::Library& aten) {
 }
 
 }  // namespace
+
+// For kernels written in Python on host tensors (dispatch/custom_kernels.py): a host alias
+// that keeps the device bytes alive for as long as it lives (the eager path's aliases live
+// for one call only, so they own nothing), and the adoption of a host result.
+at::Tensor owning_host_alias(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == kNeuron, "host_alias takes a neuron tensor, got one on ", t.device());
+  const c10::Storage& storage = t.storage();
+  auto* keep = new c10::Storage(storage);
+  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                     c10::DataPtr(const_cast<void*>(storage.data()), keep,
+                                  [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, c10::Device(c10::kCPU)),
+                     /*allocator=*/nullptr, /*resizable=*/false);
+  return host_alias_on(alias, t);
+}
+
+at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device) {
+  TORCH_CHECK(host.device().is_cpu() && host.layout() == c10::kStrided,
+              "adopt takes a dense CPU tensor, got a ", host.layout(), " tensor on ", host.device());
+  return neuron_tensor_on(adopt(host.storage(), checked_device(device)), host);
+}
 
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
                    double default_us_per_flop) {

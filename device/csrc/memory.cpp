@@ -165,10 +165,12 @@ NeuronAllocator g_allocator;
 
 }  // namespace
 
-void charge(c10::DeviceIndex d, size_t nbytes) {
+void charge(c10::DeviceIndex d, size_t nbytes, bool check) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);
-  check_fits(m, d, static_cast<int64_t>(nbytes));
+  if (check) {
+    check_fits(m, d, static_cast<int64_t>(nbytes));
+  }
   add(m, static_cast<int64_t>(nbytes));
   m.num_allocs++;
 }

@@ -75,7 +75,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_current_device", &neuron::set_current_device);
   m.def("device_count", []() { return static_cast<int64_t>(neuron::device_count()); });
   // memory (Note [Device memory accounting])
-  m.def("charge", [](int64_t d, int64_t nbytes) { neuron::charge(index_of(d), nbytes); });
+  m.def("charge", [](int64_t d, int64_t nbytes, bool check) { neuron::charge(index_of(d), nbytes, check); },
+        py::arg("d"), py::arg("nbytes"), py::arg("check") = true);
   m.def("release", [](int64_t d, int64_t nbytes) { neuron::release(index_of(d), nbytes); });
   m.def("check_fits", [](int64_t d, int64_t nbytes) { neuron::check_fits(index_of(d), nbytes); });
   m.def("resize_charge", [](int64_t d, int64_t old_nbytes, int64_t new_nbytes) {
@@ -99,4 +100,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_generator", &neuron::host_generator, "the CPU generator a kernel draws from for a neuron generator");
   // native tensors (NEURON_TENSORS=native)
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
+  m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes (native tensors)");
+  m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes (native tensors)");
 }

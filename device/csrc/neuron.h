@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -28,8 +29,9 @@ void set_current_device(int64_t index);
 void install_guard(int64_t device_count);
 
 // memory.cpp: the bytes each device holds, against its capacity.
-// Counts nbytes against device d, or raises torch.OutOfMemoryError (counting nothing).
-void charge(c10::DeviceIndex d, size_t nbytes);
+// Counts nbytes against device d, or raises torch.OutOfMemoryError (counting nothing);
+// check=false counts bytes already in use, whatever the capacity (a finished launch's).
+void charge(c10::DeviceIndex d, size_t nbytes, bool check = true);
 // Gives back what charge counted (never raises: it runs in deleters).
 void release(c10::DeviceIndex d, size_t nbytes) noexcept;
 // One capacity per device; registers the allocator. Once, at install.
@@ -95,5 +97,9 @@ void reset_counters();
 // cost model's figures (us_per_flop by ScalarType code).
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
                    double default_us_per_flop);
+// A CPU tensor on t's bytes that keeps them alive; a neuron tensor adopting host's bytes
+// (zero-copy, charged to device).
+at::Tensor owning_host_alias(const at::Tensor& t);
+at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
 
 }  // namespace neuron
