@@ -1,6 +1,7 @@
 """Native neuron tensors (NEURON_TENSORS=native) are chosen once per process, at registration,
 so their tests run in a pytest process of their own: tests/native/, the OpInfo sweep
-(forward, in-place, out=, complex) exactly as it runs on the wrapper, and streams/events.
+(forward, in-place, out=, complex) exactly as it runs on the wrapper, streams/events and
+the custom kernels (eager mode, native tensors' only one so far).
 And 300 random programs give the same bits there as here, on the wrapper."""
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_native_tensor_suite_passes_in_a_process_of_its_own():
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
          os.path.join(TESTS, "native"), os.path.join(TESTS, "test_opinfo.py"),
-         os.path.join(TESTS, "test_streams_events.py")],
+         os.path.join(TESTS, "test_streams_events.py"), os.path.join(TESTS, "test_custom_kernels.py"),
+         os.path.join(TESTS, "test_distributed_checkpoint.py")],
         env=child_env({"NEURON_TENSORS": "native"}), capture_output=True, text=True,
         timeout=SUBPROCESS_TIMEOUT_S, cwd=os.path.dirname(TESTS))
     tail = "\n".join(proc.stdout.splitlines()[-60:])
