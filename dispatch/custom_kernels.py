@@ -15,7 +15,8 @@ Nothing else is needed for it to work on `neuron`: the op reaches
 CompositeExplicitAutograd, below the Python key), runs as one launch in eager mode, is
 one op of a trace in adaptive mode (recorded, matched and replayed like any ATen op), and
 its `register_autograd` backward is whatever ops the user's backward calls (one launch if
-that is another custom kernel).
+that is another custom kernel). On native tensors (NEURON_TENSORS=native) a PrivateUse1
+kernel does the same in eager mode: Note [Custom kernels on native tensors].
 
 Note [Custom kernel cost]: the device's cost model prices an op from the bytes it reads and
 writes and, where torch.utils.flop_counter has a formula, its FLOPs. A custom kernel knows
