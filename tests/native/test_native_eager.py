@@ -72,6 +72,24 @@ def test_torch_save_keeps_views_sharing_their_storage():
     assert on_host["base"].device.type == "cpu" and torch.equal(on_host["view"], torch.tensor([2, 3, 4.0]))
 
 
+def test_safetensors_saves_a_neuron_state_dict_that_loads_back_onto_neuron(tmp_path):
+    # On the wrapper, save_file raised "access the data pointer on an invalid python storage".
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(NEURON)
+    path = str(tmp_path / "model.safetensors")
+    safetensors_torch.save_file(model.state_dict(), path)
+    # load_file(device='neuron') is refused by safetensors itself (its list of device names):
+    # load on the host, then into the neuron model.
+    restored = torch.nn.Linear(3, 2).to(NEURON)
+    restored.load_state_dict(safetensors_torch.load_file(path))
+    assert restored.weight.device == torch.device("neuron:0")
+    for a, b in zip(restored.parameters(), model.parameters()):
+        assert torch.equal(a.cpu(), b.cpu())
+    with pytest.raises(RuntimeError, match="share memory"):  # tied tensors found, as on CPU
+        safetensors_torch.save_file({"a": model.weight, "b": model.weight}, path)
+
+
 def test_an_untyped_storage_resizes_in_place_as_fsdp_needs():
     # FSDP1 frees and regrows parameter storage with untyped_storage().resize_().
     x = torch.ones(16, device=NEURON)
