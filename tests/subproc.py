@@ -40,13 +40,18 @@ def start_json(code: str, env: dict[str, str] | None = None) -> subprocess.Popen
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def result_of(proc: subprocess.Popen, timeout: float = SUBPROCESS_TIMEOUT_S):
+def communicate(proc: subprocess.Popen, timeout: float = SUBPROCESS_TIMEOUT_S, what: str = "child"):
+    """proc's (stdout, stderr) once it exits; killed, and an AssertionError with both, after timeout."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"child timed out after {timeout:.0f} s:\n{out}\n{err}") from None
+        raise AssertionError(f"{what} timed out after {timeout:.0f} s:\n{out}\n{err}") from None
+
+
+def result_of(proc: subprocess.Popen, timeout: float = SUBPROCESS_TIMEOUT_S):
+    out, err = communicate(proc, timeout)
     return _parse(proc.returncode, out, err)
 
 

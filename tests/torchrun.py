@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from subproc import SUBPROCESS_TIMEOUT_S
+from subproc import SUBPROCESS_TIMEOUT_S, communicate
 
 REPO = pathlib.Path(__file__).parent.parent
 TORCHRUN_TIMEOUT_S = SUBPROCESS_TIMEOUT_S  # two ranks, each importing torch, on a loaded machine
@@ -40,12 +40,7 @@ def torchrun(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 def finish(proc: subprocess.Popen) -> str:
     """Wait for a torchrun job; its stdout, or an AssertionError with both streams."""
-    try:
-        out, err = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"torchrun did not finish in {TORCHRUN_TIMEOUT_S} s:\n{out}\n{err}") from None
+    out, err = communicate(proc, TORCHRUN_TIMEOUT_S, what="torchrun")
     if proc.returncode != 0:
         raise AssertionError(f"torchrun exited with {proc.returncode}:\n{out}\n{err}")
     return out

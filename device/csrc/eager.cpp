@@ -152,6 +152,28 @@ const char* layout_name(c10::Layout layout) {
   }
 }
 
+// Whether a list IValue holds tensors (Tensor[], Tensor?[], Tensor[][]): int[] and the like,
+// on every op's path, are passed on untouched.
+bool holds_tensors(const IValue& v) {
+  c10::TypePtr element = v.toList().elementType();
+  while (element->kind() == c10::TypeKind::ListType || element->kind() == c10::TypeKind::OptionalType) {
+    element = element->containedType(0);
+  }
+  return element->kind() == c10::TypeKind::TensorType;
+}
+
+// A new list of v's element type, holding fn of each element.
+template <typename Fn>
+IValue map_list(const IValue& v, Fn fn) {
+  c10::List<IValue> list = v.toList();
+  c10::impl::GenericList out(list.elementType());
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(fn(list.get(i)));
+  }
+  return out;
+}
+
 // One op's arguments on the host, and what maps results back.
 struct HostCall {
   DeviceIndex device = -1;
@@ -222,30 +244,10 @@ struct HostCall {
     if (v.isTensor()) {
       return to_host(v.toTensor(), op);
     }
-    if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      c10::List<at::Tensor> out;
-      out.reserve(list.size());
-      for (const at::Tensor& t : list) {
-        out.push_back(to_host(t, op));
-      }
-      return out;
-    }
-    if (v.isOptionalTensorList()) {
-      auto list = v.toOptionalTensorList();
-      c10::List<c10::optional<at::Tensor>> out;
-      out.reserve(list.size());
-      for (const c10::optional<at::Tensor>& t : list) {
-        out.push_back(t.has_value() ? c10::optional<at::Tensor>(to_host(*t, op)) : c10::nullopt);
-      }
-      return out;
-    }
-    if (v.isList()) {  // lists of tensor lists (c10d::allgather_'s outputs)
-      c10::List<IValue> list = v.toList();
-      for (size_t i = 0; i < list.size(); ++i) {
-        list.set(i, arg_to_host(list.get(i), op));
-      }
-      return list;
+    if (v.isList() && holds_tensors(v)) {
+      // A new list, never the caller's: a boxed List argument shares its elements with the
+      // caller's c10::List (index's indices), which must keep its neuron tensors.
+      return map_list(v, [&](IValue e) { return arg_to_host(std::move(e), op); });
     }
     if (v.isDevice() && v.toDevice().type() == kNeuron) {
       target = checked_device(v.toDevice().has_index() ? v.toDevice().index() : current_device());
@@ -285,22 +287,8 @@ struct HostCall {
       }
       return from_host(r, d);
     }
-    if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      c10::List<at::Tensor> out;
-      out.reserve(list.size());
-      for (const at::Tensor& r : list) {
-        *out_bytes += static_cast<double>(r.numel()) * r.element_size();
-        out.push_back(from_host(r, d));
-      }
-      return out;
-    }
-    if (v.isList()) {
-      c10::List<IValue> list = v.toList();
-      for (size_t i = 0; i < list.size(); ++i) {
-        list.set(i, result_from_host(list.get(i), d, out_bytes));
-      }
-      return list;
+    if (v.isList() && holds_tensors(v)) {  // Tensor[], Tensor[][] (c10d)
+      return map_list(v, [&](IValue e) { return result_from_host(std::move(e), d, out_bytes); });
     }
     return v;
   }
