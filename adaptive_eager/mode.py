@@ -7,6 +7,7 @@ import os
 from dispatch import CONTEXT, EagerExecutor, install_executor
 
 from .engine import AdaptiveExecutor
+from .native_engine import NativeAdaptiveExecutor
 
 MODES = ("eager", "adaptive")
 
@@ -16,7 +17,9 @@ class ModeSwitch:
 
     def __init__(self):
         self.eager = EagerExecutor()
-        self.adaptive = AdaptiveExecutor()
+        # Native tensors reach the engine through the C++ route (native_engine.py).
+        native_tensors = CONTEXT.runtime is not None and CONTEXT.runtime.config.native_tensors
+        self.adaptive = NativeAdaptiveExecutor() if native_tensors else AdaptiveExecutor()
 
     def get(self) -> str:
         return "adaptive" if CONTEXT.executor is self.adaptive else "eager"
@@ -24,20 +27,18 @@ class ModeSwitch:
     def set(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; use one of {MODES} (or NEURON_ADAPTIVE_EAGER=0/1)")
-        if mode == "adaptive" and CONTEXT.runtime.config.native_tensors:
-            raise NotImplementedError(
-                "adaptive mode does not run on native neuron tensors yet (NEURON_TENSORS=native runs "
-                "every op eagerly, in C++); unset NEURON_TENSORS for adaptive mode.")
         target = self.adaptive if mode == "adaptive" else self.eager
         if CONTEXT.executor is target:
             return
         CONTEXT.executor.synchronize(None)  # nothing held back may outlive its executor
+        if isinstance(CONTEXT.executor, NativeAdaptiveExecutor):
+            CONTEXT.executor.detach()
         install_executor(target)
+        if isinstance(target, NativeAdaptiveExecutor):
+            target.attach()
 
     @staticmethod
     def default_from_env() -> str:
-        if CONTEXT.runtime.config.native_tensors:
-            return "eager"  # the only mode native tensors have so far
         raw = os.environ.get("NEURON_ADAPTIVE_EAGER", "1").strip().lower()
         return "eager" if raw in ("0", "false", "no", "off") else "adaptive"
 

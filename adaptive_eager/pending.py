@@ -137,15 +137,7 @@ class Pending:
 
     def fail(self, k: int, exc: Exception) -> Exception:
         """The deferred error of op k: every value from op k on carries it; nothing after k runs."""
-        proto = self.trace.protos[k]
-        where = self.trace.sources[k]
-        msg = (f"{proto.name} failed in a deferred launch (op {k + 1} of {len(self.trace)} of "
-               f"trace {self.trace.id}, issued at {where}); every op before it ran, none after it. "
-               f"Set NEURON_LAUNCH_BLOCKING=1 to raise it where the op is issued. Cause: {exc}")
-        try:
-            err = type(exc)(msg)
-        except Exception:
-            err = RuntimeError(msg)
+        err = launch_error(self.trace, k, exc)
         for outs in self.outs[k:]:
             for ref in outs:
                 cell = ref() if ref is not None else None
@@ -154,6 +146,17 @@ class Pending:
         self.pos = self.done = k  # nothing after the failed op will run
         self.results = []
         return err
+
+
+def launch_error(trace: Trace, k: int, exc: Exception) -> Exception:
+    """The error a deferred launch raises at the next sync point when op k of trace failed."""
+    msg = (f"{trace.protos[k].name} failed in a deferred launch (op {k + 1} of {len(trace)} of "
+           f"trace {trace.id}, issued at {trace.sources[k]}); every op before it ran, none after it. "
+           f"Set NEURON_LAUNCH_BLOCKING=1 to raise it where the op is issued. Cause: {exc}")
+    try:
+        return type(exc)(msg)
+    except Exception:
+        return RuntimeError(msg)
 
 
 def _check_metadata(spec, host: torch.Tensor, proto) -> None:

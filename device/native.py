@@ -41,3 +41,17 @@ host_generator = _C.host_generator
 install_eager = _C.install_eager
 host_alias = _C.host_alias
 adopt = _C.adopt
+# the adaptive engine's route and queue on native tensors (csrc/queue.cpp, csrc/route.cpp)
+RUN_EAGER = _C.RUN_EAGER
+DeferPlan = _C.DeferPlan
+set_engine = _C.set_engine
+set_host_sync = _C.set_host_sync
+offer = _C.offer
+note_producer = _C.note_producer
+producer_of = _C.producer_of
+forget_producers = _C.forget_producers
+set_bypass = _C.set_bypass
+run_queue = _C.run_queue
+queue_size = _C.queue_size
+failed_index = _C.failed_index
+set_failure = _C.set_failure

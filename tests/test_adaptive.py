@@ -10,8 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import adaptive_eager
+from dispatch import CONTEXT
 
-WARMUP = 5  # steps allowed before the steady state
+WARMUP = 5
+NATIVE = CONTEXT.runtime.config.native_tensors  # NEURON_TENSORS=native (test_native_tensors.py)  # steps allowed before the steady state
 
 
 @pytest.fixture(autouse=True)
@@ -263,6 +265,8 @@ def test_peak_memory_matches_eager_when_the_loop_keeps_its_losses():
     assert run("adaptive") == run("eager")
 
 
+@pytest.mark.xfail(NATIVE, strict=True, reason="on native tensors the engine describes each op to match it: "
+                   "generated matchers are a later slice of issue 11")
 def test_steady_state_describes_no_op(monkeypatch):
     """Once a step is a cached trace, every op (the step's first included) is matched by
     generated code: none is described as an OpRecord, the slow path of the engine."""
@@ -340,4 +344,5 @@ def test_traces_with_the_same_first_op_hand_over_instead_of_diverging():
     reads, divergences = run("adaptive")
     assert reads == eager_reads
     assert divergences[-1] == divergences[WARMUP], divergences
-    assert adaptive_eager.stats().trace_switches >= 12 - WARMUP
+    if not NATIVE:  # native views are no ops: these traces do not begin alike there
+        assert adaptive_eager.stats().trace_switches >= 12 - WARMUP

@@ -16,11 +16,10 @@ from dispatch.record import record_ops
 SDPBackend = torch.nn.attention.SDPBackend
 
 
-# With NEURON_TENSORS=native (tests/test_native_tensors.py runs this file so too) there is no
-# adaptive mode yet: the kernels must hold in eager mode there.
+# With NEURON_TENSORS=native (tests/test_native_tensors.py runs this file so too) the kernels
+# are offered to the engine by their Python kernel (native.offer): both modes hold there too.
 NATIVE = CONTEXT.runtime.config.native_tensors
-MODES = ("eager",) if NATIVE else ("eager", "adaptive")
-needs_adaptive = pytest.mark.skipif(NATIVE, reason="native tensors have no adaptive mode yet")
+MODES = ("eager", "adaptive")
 
 
 def _launches() -> int:
@@ -143,7 +142,6 @@ def _scale_loop(steps):
     return [v.item() for v in out], per_step
 
 
-@needs_adaptive
 def test_custom_kernel_is_one_op_of_a_fused_trace_in_adaptive_mode():
     with adaptive_eager.mode("eager"):
         expected, eager_launches = _scale_loop(10)
@@ -172,7 +170,6 @@ def _accumulate_loop(steps):
     return acc.cpu()
 
 
-@needs_adaptive
 def test_mutating_custom_kernel_writes_its_input_in_eager_and_adaptive_mode():
     with adaptive_eager.mode("eager"):
         expected = _accumulate_loop(12)

@@ -1,7 +1,7 @@
 """Native neuron tensors (NEURON_TENSORS=native) are chosen once per process, at registration,
 so their tests run in a pytest process of their own: tests/native/, the OpInfo sweep
-(forward, in-place, out=, complex) exactly as it runs on the wrapper, streams/events and
-the custom kernels (eager mode, native tensors' only one so far).
+(forward, in-place, out=, complex) exactly as it runs on the wrapper, streams/events, the
+custom kernels, and the adaptive engine's loops and semantics (test_adaptive*.py, test_training.py).
 And 300 random programs give the same bits there as here, on the wrapper."""
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def test_native_tensor_suite_passes_in_a_process_of_its_own():
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
          os.path.join(TESTS, "native"), os.path.join(TESTS, "test_opinfo.py"),
          os.path.join(TESTS, "test_streams_events.py"), os.path.join(TESTS, "test_custom_kernels.py"),
-         os.path.join(TESTS, "test_distributed_checkpoint.py")],
+         os.path.join(TESTS, "test_distributed_checkpoint.py"),
+         # adaptive mode on native tensors (adaptive_eager/native_engine.py)
+         os.path.join(TESTS, "test_adaptive.py"), os.path.join(TESTS, "test_adaptive_semantics.py"),
+         os.path.join(TESTS, "test_adaptive_random.py"), os.path.join(TESTS, "test_training.py")],
         env=child_env({"NEURON_TENSORS": "native"}), capture_output=True, text=True,
         timeout=SUBPROCESS_TIMEOUT_S, cwd=os.path.dirname(TESTS))
     tail = "\n".join(proc.stdout.splitlines()[-60:])

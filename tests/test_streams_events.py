@@ -15,7 +15,7 @@ NEURON = torch.device("neuron:0")
 NATIVE = CONTEXT.runtime.config.native_tensors
 
 
-@pytest.fixture(params=["eager"] if NATIVE else ["eager", "adaptive"])
+@pytest.fixture(params=["eager", "adaptive"])
 def mode(request):
     previous = adaptive_eager.get_mode()
     adaptive_eager.set_mode(request.param)
@@ -86,7 +86,6 @@ def test_work_on_another_stream_is_ordered_and_gives_the_same_values(mode):
     assert torch.equal(z.cpu(), torch.arange(16.0) * 3 + 1)
 
 
-@pytest.mark.skipif(NATIVE, reason="native tensors have no adaptive mode yet")
 def test_torch_accelerator_synchronize_runs_what_the_engine_holds_back():
     adaptive_eager.set_mode("adaptive")
     try:

@@ -21,6 +21,7 @@ std::mutex g_lock;
 std::vector<Counters> g_counters;  // sized once, at install
 double g_launch_overhead_us = 0;
 std::atomic<bool> g_spend_overhead{false};
+thread_local FusedLaunch* t_fused = nullptr;
 
 Counters& counters_of(c10::DeviceIndex d) {
   TORCH_CHECK(d >= 0 && static_cast<size_t>(d) < g_counters.size(),
@@ -47,6 +48,11 @@ void install_clock(c10::DeviceIndex count, double launch_overhead_us, bool spend
 void set_spend_overhead(bool spend) { g_spend_overhead.store(spend); }
 
 double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t num_ops) {
+  if (t_fused != nullptr) {  // a Python kernel inside a fused launch: one of its ops
+    t_fused->op_us += op_us;
+    t_fused->num_ops += num_ops;
+    return op_us;
+  }
   const double total = overhead + op_us;
   {
     std::lock_guard<std::mutex> guard(g_lock);
@@ -60,12 +66,24 @@ double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t
 }
 
 double launch(c10::DeviceIndex d, double op_us, int64_t num_ops) {
+  if (t_fused != nullptr) {  // one op of a fused launch: accounted when the launch ends
+    return account_launch(d, 0, op_us, num_ops);
+  }
   const double overhead = g_launch_overhead_us;
   const double total = account_launch(d, overhead, op_us, num_ops);
   if (overhead > 0 && g_spend_overhead.load(std::memory_order_relaxed)) {
     spin_us(overhead);
   }
   return total;
+}
+
+FusedLaunch::FusedLaunch(c10::DeviceIndex d) : device(d), previous(t_fused) { t_fused = this; }
+
+FusedLaunch::~FusedLaunch() {
+  t_fused = previous;
+  if (num_ops > 0) {  // the ops that ran, a failed launch's included
+    launch(device, op_us, num_ops);
+  }
 }
 
 void transfer(c10::DeviceIndex d, int64_t nbytes, double us) {

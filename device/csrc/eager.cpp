@@ -95,6 +95,7 @@ at::Tensor tensor_like_on(c10::Storage storage, c10::DispatchKey key, const at::
 }
 
 c10::Storage alias_storage(const c10::Storage& storage) {
+  check_computed(storage);  // a deferred value whose launch failed has no bytes to alias
   // Resizable with the CPU allocator: an out= kernel may resize its output (then it gets new
   // CPU bytes, which sync_written adopts). The alias never frees the device's bytes.
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
@@ -438,12 +439,14 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
 // Both may grow the storage through its allocator, the neuron one, which allocates on the
 // current device: hence the guard. New bytes are charged, old ones released.
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format) {
+  sync_before_host_access();  // queued ops hold the old bytes' geometry; they run first
   const c10::DeviceGuard guard(self.device());
   return at::native::resize_(self, size, format);
 }
 
 at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
+  sync_before_host_access();
   const c10::DeviceGuard guard(self.device());
   return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
 }
@@ -460,6 +463,20 @@ at::Tensor& set_empty(at::Tensor& self) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const bool src_neuron = self.device().type() == kNeuron;
   const bool dst_neuron = dst.device().type() == kNeuron;
+  if (src_neuron && dst_neuron && self.device() == dst.device()) {
+    // A kernel on one device: the adaptive engine may defer it, as any other op. Offered as
+    // the copy_ it comes from, whose schema says which tensor it writes (_copy_from's does not);
+    // a queued copy_ reaches this kernel again when its launch runs.
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+    torch::jit::Stack stack{dst, self, non_blocking};
+    if (route_op(op, &stack)) {
+      return dst;
+    }
+  } else if (src_neuron || dst.storage().use_count() > 1 || dst.storage().data() == nullptr) {
+    // A transfer reads or writes device memory now: what is queued runs first. A copy into
+    // bytes only dst holds (`.to('neuron')` right after its allocation) waits for nothing.
+    sync_before_host_access();
+  }
   at::Tensor src_host = src_neuron ? host_alias(self) : self;
   // One alias storage for both when they share one (Note: overlap is found by storage identity).
   at::Tensor dst_host = !dst_neuron ? dst
@@ -482,12 +499,18 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  sync_before_host_access();
   const at::Tensor host = self.device().type() == kNeuron ? host_alias(self) : self;
   transfer(self.device().index(), static_cast<int64_t>(self.element_size()), self.element_size() * g_us_per_byte);
   return at::_local_scalar_dense(host);
 }
 
-void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { run_on_host(op, stack); }
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (route_op(op, stack)) {  // the adaptive engine took it (Note [Deferred launches])
+    return;
+  }
+  run_on_host(op, stack);
+}
 
 // `cpu_param.data = cpu_param.to('neuron')` (FSDP2 moving a module, nn.Module code) asks
 // whether the two tensors' impls are interchangeable. torch's own answer lists the dense
@@ -544,7 +567,12 @@ struct SilentWarnings final : public c10::WarningHandler {
 void register_cpu_kernels_whole(torch::Library& aten) {
   // Composites that choose a backend by device type, and know only CPU/CUDA: run on the host
   // aliases, they take CPU's path (convolution would call convolution_overrideable).
-  for (const char* name : {"aten::convolution", "aten::convolution_backward", "aten::mode.values"}) {
+  // Factories whose composite makes an empty tensor and resizes it in an out= kernel: whole,
+  // each is one new tensor (the engine can hand it out before it runs), not an out= resize.
+  for (const char* name : {"aten::convolution", "aten::convolution_backward", "aten::mode.values",
+                           "aten::arange", "aten::arange.start", "aten::arange.start_step", "aten::linspace",
+                           "aten::logspace", "aten::eye", "aten::eye.m", "aten::randperm", "aten::randperm.generator",
+                           "aten::range", "aten::range.step"}) {
     aten.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
   }
   static const c10::DispatchKey composites[] = {
@@ -556,9 +584,18 @@ void register_cpu_kernels_whole(torch::Library& aten) {
       continue;
     }
     auto op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      continue;  // no CPU kernel, or a kernel of ours (empty, views, copies) registered above
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;  // a kernel of ours (empty, views, copies) registered above
+    }
+    if (name.name.rfind("aten::_foreach_", 0) == 0 &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+      // CPU's foreach kernels are these composites (per-tensor loops); run whole, a foreach op
+      // is one op for the engine to defer, not one out= op per tensor.
+      aten.impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+      continue;
+    }
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      continue;
     }
     for (const auto key : composites) {
       if (op->hasKernelForDispatchKey(key)) {
@@ -571,11 +608,18 @@ void register_cpu_kernels_whole(torch::Library& aten) {
 
 }  // namespace
 
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_before_eager();
+  const RouteBypass bypass;
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+}
+
 // For kernels written in Python on host tensors (dispatch/custom_kernels.py): a host alias
 // that keeps the device bytes alive for as long as it lives (the eager path's aliases live
 // for one call only, so they own nothing), and the adoption of a host result.
 at::Tensor owning_host_alias(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kNeuron, "host_alias takes a neuron tensor, got one on ", t.device());
+  sync_before_host_access();  // a host kernel reads (or writes) the bytes now
   const c10::Storage& storage = t.storage();
   auto* keep = new c10::Storage(storage);
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),

@@ -4,6 +4,8 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
 
+void bind_route(py::module_& m);  // route.cpp
+
 namespace {
 
 using c10::DeviceIndex;
@@ -102,4 +104,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes (native tensors)");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes (native tensors)");
+  // the adaptive engine's route and queue (Note [Deferred launches])
+  bind_route(m);
 }

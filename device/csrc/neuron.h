@@ -4,6 +4,8 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -12,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -76,6 +80,18 @@ double elapsed_ms(void* start, void* end);
 double launch(c10::DeviceIndex d, double op_us, int64_t num_ops);
 // The accounting alone, with the given overhead, spending nothing (Python spends it itself).
 double account_launch(c10::DeviceIndex d, double overhead_us, double op_us, int64_t num_ops);
+// While one lives, the launches its thread makes are the ops of one launch, accounted (and
+// its overhead spent) when it ends: a fused launch of the adaptive engine (queue.cpp).
+struct FusedLaunch {
+  explicit FusedLaunch(c10::DeviceIndex d);
+  ~FusedLaunch();
+  FusedLaunch(const FusedLaunch&) = delete;
+  FusedLaunch& operator=(const FusedLaunch&) = delete;
+  c10::DeviceIndex device;
+  FusedLaunch* previous;
+  double op_us = 0;
+  int64_t num_ops = 0;
+};
 struct Counters {
   int64_t launches = 0;
   int64_t kernel_ops = 0;  // ops run inside launches (a fused launch holds many)
@@ -97,9 +113,58 @@ void reset_counters();
 // cost model's figures (us_per_flop by ScalarType code).
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
                    double default_us_per_flop);
+// The op on the eager path now, whatever the route (after the queue has run).
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // A CPU tensor on t's bytes that keeps them alive; a neuron tensor adopting host's bytes
 // (zero-copy, charged to device).
 at::Tensor owning_host_alias(const at::Tensor& t);
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
+
+// queue.cpp: the route of ops to the adaptive engine, and the queue of the ops it defers
+// (Note [Deferred launches]).
+struct OutputSpec {  // a new output as the trace promises it
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+  at::ScalarType dtype;
+  int64_t nbytes;  // of its storage
+};
+struct DeferPlan {  // how to hand out a deferred op's results
+  c10::DeviceIndex device;
+  std::vector<OutputSpec> outputs;  // the new outputs, in return order (lists flattened)
+  std::vector<int64_t> list_lengths;  // per Tensor[] return
+};
+// The route decides for each op of a native tensor: true if it handled the op (ran it, or
+// queued it with enqueue), false to have the eager path run it. Empty: every op is eager.
+using OpRoute = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;
+void set_route(OpRoute route);
+// Offers the op to the route (never from inside a launch, nor while bypassed); true if handled.
+bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// While one lives, its thread's ops take the eager path, whatever the route.
+struct RouteBypass {
+  RouteBypass();
+  ~RouteBypass();
+  RouteBypass(const RouteBypass&) = delete;
+  RouteBypass& operator=(const RouteBypass&) = delete;
+  bool previous;
+};
+bool set_bypass(bool bypass);  // returns the previous setting
+// What a host access runs first while the engine is attached or ops are queued: its flush.
+void set_host_sync(std::function<void()> sync);
+void sync_before_host_access();
+// Launches what is queued before an op runs on the eager path (nothing, when the engine kept
+// its rule of flushing first).
+void run_before_eager();
+// Raises the failed launch's error for a storage whose bytes were never made.
+void check_computed(const c10::Storage& storage);
+[[noreturn]] void raise_failure();
+void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan);
+int64_t queue_size();
+// Runs the queue as one launch; returns how many ops ran. On an op's error, raises it after
+// dropping the ops after it; failed_index() then says which entry failed.
+int64_t run_queue();
+int64_t failed_index();
+// The failed launch's error, message and Python type name (what reading a value it never
+// computed raises), and whether it still waits to be raised (host accesses then sync).
+void set_failure(std::string message, std::string type, bool waiting);
 
 }  // namespace neuron

@@ -144,10 +144,8 @@ def test_each_op_is_one_launch_and_each_host_copy_one_transfer():
     assert s.device_time_us > 2 * CONTEXT.runtime.cost.launch_overhead_us
 
 
-def test_adaptive_mode_is_refused_with_the_way_out():
-    assert adaptive_eager.get_mode() == "eager"
-    with pytest.raises(NotImplementedError, match="unset NEURON_TENSORS"):
-        adaptive_eager.set_mode("adaptive")
+def test_adaptive_mode_is_the_default_on_native_tensors_too():
+    assert adaptive_eager.get_mode() == "adaptive"
 
 
 # -- CPU's bits ---------------------------------------------------------------------------------

@@ -1,0 +1,416 @@
+// The device's queue of issued ops that have not run yet: what the adaptive engine defers
+// on native neuron tensors, and the route by which ops reach the engine at all.
+//
+// Note [Deferred launches]: a deferred op is what it is on a real asynchronous accelerator.
+//   - At issue, its arguments are captured: each neuron tensor as a new tensor on its bytes,
+//     with its geometry (Note [Queued arguments count no references]), so a later
+//     `p.data = ...` of the caller's tensor cannot redirect it, as a launched kernel holds raw
+//     pointers; each CPU tensor it does not write as a snapshot (host data is read at issue).
+//   - Each new output is a neuron tensor handed out at once, with the geometry the engine's
+//     trace promises and a storage of that many bytes whose memory does not exist yet.
+//     In-place and out= outputs are the very inputs, as in eager mode.
+//   - The launch runs the queue in order, each op through the eager path (the same CPU
+//     kernels, so the same bits), and moves each new result's bytes into the storage handed
+//     out for it: zero-copy when the geometry agrees, a copy otherwise. Memory is charged
+//     when the result is made, in stream order, and freed when the last holder of the
+//     storage (the user's tensors or a later queued op) lets go: peak memory stays eager's.
+//     An output nobody holds any more is dropped as soon as its op has run.
+//   - A host read (a copy to the host, `item()`, a Python kernel's host alias, resize_,
+//     set_) first runs the host sync, which launches the queue. A value whose launch failed
+//     never gets bytes: reading it raises the launch's error (check_computed).
+// One queue for the process: the engine defers only the ops of one trace, on one device, and
+// launches them before it defers anything else.
+#include "neuron.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/RefcountedDeleter.h>
+
+#include <atomic>
+#include <exception>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace neuron {
+namespace {
+
+using c10::IValue;
+
+// An argument that is a deferred output of an earlier op of the queue: its bytes do not
+// exist yet. Held weakly (see Note [Queued arguments count no references]).
+struct PendingArg {
+  size_t arg;  // argument index
+  int64_t element;  // index in a Tensor[] argument, or -1
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  const c10::StorageImpl* key;  // its address: kept unique while `storage` (a weak ref) lives
+  std::vector<int64_t> sizes, strides;  // its geometry, as the caller's tensor has it
+  int64_t offset;
+  caffe2::TypeMeta dtype;
+  c10::DispatchKeySet keys;  // math bits (conj, neg) included
+};
+
+struct Entry {
+  c10::OperatorHandle op;
+  std::vector<IValue> args;  // captured at issue (undefined where a PendingArg goes)
+  std::vector<PendingArg> pending;
+  std::shared_ptr<const DeferPlan> plan;
+  // The storages handed out for the new outputs, in plan order: weak, so an output nobody
+  // holds is not kept (a later queued op that reads it holds it through its own alias).
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
+};
+
+// Note [Queued arguments count no references]: autograd decides from reference counts
+// whether it may accumulate a gradient in place (InputBuffer: the storage's use_count() is
+// 1), so a queue holding references would change the very op stream it defers (add_ in
+// eager mode, add once deferred) and traces would never match. So the queue holds none a
+// caller can see: an argument whose bytes exist is captured on a new storage sharing those
+// bytes through c10's refcounted DataPtr (as MultiPy shares storages between interpreters;
+// is_alias_of still sees them as one, which CPU kernels' overlap checks need); a deferred
+// output of an earlier queued op is held weakly, and its bytes, once its op has run, are
+// kept by the launch for as long as queued readers remain (g_readers, g_produced).
+std::unordered_map<const c10::StorageImpl*, int64_t> g_readers;  // queued reads per pending storage
+std::unordered_map<const c10::StorageImpl*, c10::Storage> g_produced;  // made, with readers left
+
+std::vector<Entry> g_queue;  // guarded by the engine's lock (Python) and the GIL
+std::atomic<bool> g_held{false};  // ops are queued, or a failed launch's error waits
+bool g_error_waiting = false;
+std::string g_failure;  // the error of the launch that left values uncomputed
+std::string g_failure_type;  // its Python type's name
+int64_t g_failed_index = -1;
+OpRoute g_route;
+std::function<void()> g_host_sync;
+thread_local bool t_bypass = false;
+
+void update_held() { g_held.store(!g_queue.empty() || g_error_waiting); }
+
+bool is_tensor_list(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::ListType &&
+         type->containedType(0)->kind() == c10::TypeKind::TensorType;
+}
+
+at::Tensor on_storage(c10::Storage storage, c10::DispatchKeySet keys, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
+                      c10::IntArrayRef strides, int64_t offset) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
+IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t element) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      return v;
+    }
+    if (t.device().type() == kNeuron) {
+      const c10::Storage& storage = t.storage();
+      if (storage.data() == nullptr && storage.nbytes() > 0) {  // made by an op still queued
+        c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+        ++g_readers[impl];
+        entry.pending.push_back(PendingArg{arg, element, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()),
+                                           impl, t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.dtype(),
+                                           t.key_set()});
+        return at::Tensor();
+      }
+      return on_storage(c10::newStorageImplFromRefcountedDataPtr(storage), t.key_set(), t.dtype(), t.sizes(),
+                        t.strides(), t.storage_offset());
+    }
+    if (written) {
+      return v;
+    }
+    at::Tensor snapshot = t.clone();  // Note [CPU scalar tensors]: read at issue
+    // A Python number the dispatcher wrapped: type promotion treats it as a number, not a tensor.
+    snapshot.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+    return snapshot;
+  }
+  if (v.isList()) {
+    c10::List<IValue> list = v.toList();
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      out.push_back(capture(list.get(i), written, entry, arg, static_cast<int64_t>(i)));
+    }
+    return out;
+  }
+  return v;
+}
+
+// The bytes a pending argument's producer made in this launch, as a tensor of its geometry.
+at::Tensor resolve(const PendingArg& p) {
+  c10::Storage storage;
+  if (auto alive = p.storage.lock()) {
+    storage = c10::Storage(std::move(alive));
+  }
+  if (!storage || storage.data() == nullptr) {
+    auto found = g_produced.find(p.key);
+    if (found != g_produced.end()) {
+      storage = found->second;
+    }
+  }
+  if (!storage || storage.data() == nullptr) {
+    raise_failure();  // its producer failed in an earlier launch
+  }
+  return on_storage(storage, p.keys, p.dtype, p.sizes, p.strides, p.offset);
+}
+
+void bind_pending(Entry& entry, torch::jit::Stack& stack) {
+  for (const PendingArg& p : entry.pending) {
+    at::Tensor t = resolve(p);
+    if (p.element < 0) {
+      stack[p.arg] = std::move(t);
+    } else {
+      c10::List<IValue> list = stack[p.arg].toList();  // the entry's own list
+      list.set(static_cast<size_t>(p.element), std::move(t));
+    }
+  }
+}
+
+// Its reads done, an entry lets go of what it read: the last reader frees a produced value.
+void release_pending(const Entry& entry) {
+  for (const PendingArg& p : entry.pending) {
+    auto it = g_readers.find(p.key);
+    if (it != g_readers.end() && --it->second <= 0) {
+      g_readers.erase(it);
+      g_produced.erase(p.key);
+    }
+  }
+}
+
+at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
+  // No bytes yet (Note [Deferred launches]); resizable through the neuron allocator, as any
+  // neuron storage is.
+  c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes, c10::DataPtr(nullptr, c10::Device(kNeuron, d)),
+                       c10::GetAllocator(kNeuron), /*resizable=*/true);
+  entry.outputs.push_back(c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                    c10::scalarTypeToTypeMeta(s.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(s.sizes, s.strides, s.offset);
+  return t;
+}
+
+// The launch made `result` for an output handed out as `spec` on `target`: give target the bytes.
+void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& result, const OutputSpec& spec,
+          const c10::OperatorHandle& op) {
+  TORCH_CHECK(result.defined() && result.device().type() == kNeuron && result.scalar_type() == spec.dtype &&
+                  result.sizes() == c10::IntArrayRef(spec.sizes),
+              "adaptive engine bug: ", op.schema().operator_name(), " produced ", result.sizes(), " ",
+              result.scalar_type(), " but its trace promised ", c10::IntArrayRef(spec.sizes), " ", spec.dtype,
+              ". Set NEURON_ADAPTIVE_EAGER=0 to avoid it, and please report it.");
+  c10::StorageImpl* source = result.storage().unsafeGetStorageImpl();
+  const bool same_geometry = result.strides() == c10::IntArrayRef(spec.strides) &&
+                             result.storage_offset() == spec.offset &&
+                             static_cast<int64_t>(source->nbytes()) == spec.nbytes;
+  if (same_geometry && result.storage().use_count() == 1) {  // the result's bytes are its own: move them
+    target->set_data_ptr_noswap(source->set_data_ptr(c10::DataPtr(nullptr, source->device())));
+    return;
+  }
+  // Another layout, or bytes shared with something else: new bytes, and a copy into them.
+  const c10::DeviceGuard guard(result.device());  // the allocator takes the current device
+  target->set_data_ptr_noswap(c10::GetAllocator(kNeuron)->allocate(spec.nbytes));
+  at::Tensor into = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(target), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), result.dtype());
+  into.unsafeGetTensorImpl()->set_sizes_and_strides(spec.sizes, spec.strides, spec.offset);
+  into.copy_(result);
+}
+
+void run_entry(Entry& entry) {
+  const RouteBypass bypass;  // the eager path, not the engine again
+  const c10::FunctionSchema& schema = entry.op.schema();
+  torch::jit::Stack stack = std::move(entry.args);  // released when the op has run
+  bind_pending(entry, stack);
+  entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  release_pending(entry);
+  size_t out = 0;
+  auto take = [&](const IValue& v) {
+    const size_t k = out++;
+    const c10::StorageImpl* key = entry.outputs[k]._unsafe_get_target();
+    const bool read_later = g_readers.count(key) > 0;
+    if (auto target = entry.outputs[k].lock()) {
+      fill(target, v.toTensor(), entry.plan->outputs[k], entry.op);
+      if (read_later) {
+        g_produced[key] = c10::Storage(std::move(target));
+      }
+    } else if (read_later) {  // nobody holds it but queued readers: the launch keeps its bytes
+      g_produced[key] = v.toTensor().storage();
+    }
+  };
+  const auto& returns = schema.returns();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    const auto* alias_info = returns[i].alias_info();
+    if (alias_info != nullptr && alias_info->isWrite()) {
+      continue;
+    }
+    const IValue& v = stack[stack.size() - returns.size() + i];
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        take(IValue(t));
+      }
+    } else {
+      take(v);
+    }
+  }
+}
+
+}  // namespace
+
+RouteBypass::RouteBypass() : previous(t_bypass) { t_bypass = true; }
+RouteBypass::~RouteBypass() { t_bypass = previous; }
+
+bool set_bypass(bool bypass) {
+  const bool previous = t_bypass;
+  t_bypass = bypass;
+  return previous;
+}
+
+void set_route(OpRoute route) { g_route = std::move(route); }
+
+bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!g_route || t_bypass) {
+    return false;
+  }
+  if (g_route(op, stack)) {
+    return true;
+  }
+  // The engine runs this op now: whatever it held back must have run first (it has: this
+  // only guards against the engine forgetting to).
+  run_before_eager();
+  return false;
+}
+
+void set_host_sync(std::function<void()> sync) { g_host_sync = std::move(sync); }
+
+void sync_before_host_access() {
+  // While the engine is attached it sees every host access, queued ops or not: each one is a
+  // sync point that cuts its traces, whether or not anything waits at this moment.
+  if (t_bypass || !g_host_sync || !(g_route || g_held.load(std::memory_order_relaxed))) {
+    return;
+  }
+  g_host_sync();
+}
+
+void run_before_eager() {
+  if (!t_bypass && !g_queue.empty() && g_host_sync) {
+    g_host_sync();
+  }
+}
+
+void check_computed(const c10::Storage& storage) {
+  if (storage.data() != nullptr || storage.nbytes() == 0) {
+    return;
+  }
+  sync_before_host_access();  // its launch may still be queued
+  if (storage.data() == nullptr) {
+    raise_failure();
+  }
+}
+
+[[noreturn]] void raise_failure() {
+  // The same error as the failed launch raised (its Python type, its message).
+  const std::string message = g_failure.empty()
+      ? std::string("this neuron tensor's value was never computed: the deferred launch that makes it failed")
+      : g_failure;
+  if (g_failure_type == "IndexError") {
+    TORCH_CHECK_INDEX(false, message);
+  } else if (g_failure_type == "ValueError") {
+    TORCH_CHECK_VALUE(false, message);
+  } else if (g_failure_type == "TypeError") {
+    TORCH_CHECK_TYPE(false, message);
+  } else if (g_failure_type == "NotImplementedError") {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+  } else if (g_failure_type == "OutOfMemoryError") {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  }
+  TORCH_CHECK(false, message);
+}
+
+void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t first = stack->size() - arguments.size();
+  Entry entry{op, {}, {}, plan, {}};
+  entry.args.reserve(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias_info = arguments[i].alias_info();
+    entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), entry, i, -1));
+  }
+  std::vector<IValue> returned;
+  size_t next = 0;
+  size_t next_list = 0;
+  auto new_output = [&]() {
+    TORCH_CHECK(next < plan->outputs.size(), "adaptive engine bug: too few output specs for ", schema.operator_name());
+    return lazy_output(plan->outputs[next++], plan->device, entry);
+  };
+  for (const auto& r : schema.returns()) {
+    const auto* alias_info = r.alias_info();
+    if (alias_info != nullptr && alias_info->isWrite()) {  // an in-place or out= result: the input itself
+      size_t i = 0;
+      while (i < arguments.size() &&
+             (arguments[i].alias_info() == nullptr || arguments[i].alias_info()->beforeSets() != alias_info->beforeSets())) {
+        ++i;
+      }
+      TORCH_CHECK(i < arguments.size(), "adaptive engine bug: no argument for ", schema.operator_name(), "'s result");
+      returned.push_back((*stack)[first + i]);
+    } else if (is_tensor_list(r.type())) {
+      TORCH_CHECK(next_list < plan->list_lengths.size(), "adaptive engine bug: no list length for ", schema.operator_name());
+      std::vector<at::Tensor> list;
+      for (int64_t k = 0; k < plan->list_lengths[next_list]; ++k) {
+        list.push_back(new_output());
+      }
+      ++next_list;
+      returned.emplace_back(std::move(list));
+    } else {
+      returned.emplace_back(new_output());
+    }
+  }
+  TORCH_CHECK(next == plan->outputs.size(), "adaptive engine bug: unused output specs for ", schema.operator_name());
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+  for (auto& v : returned) {
+    stack->push_back(std::move(v));
+  }
+  g_queue.push_back(std::move(entry));
+  update_held();
+}
+
+int64_t queue_size() { return static_cast<int64_t>(g_queue.size()); }
+
+int64_t run_queue() {
+  std::vector<Entry> queue;
+  queue.swap(g_queue);
+  update_held();
+  if (queue.empty()) {
+    return 0;
+  }
+  const c10::DeviceIndex device = queue.front().plan->device;
+  FusedLaunch launch(device);  // one launch for them all, on the device's clock
+  g_failed_index = -1;
+  struct Forget {  // what the launch kept for its readers goes with it, error or not
+    ~Forget() {
+      g_readers.clear();
+      g_produced.clear();
+    }
+  } forget;
+  for (size_t k = 0; k < queue.size(); ++k) {
+    try {
+      run_entry(queue[k]);
+    } catch (...) {
+      g_failed_index = static_cast<int64_t>(k);
+      throw;  // the entries after k are dropped: their outputs never get bytes
+    }
+  }
+  return static_cast<int64_t>(queue.size());
+}
+
+int64_t failed_index() { return g_failed_index; }
+
+void set_failure(std::string message, std::string type, bool waiting) {
+  if (!message.empty()) {
+    g_failure = std::move(message);
+    g_failure_type = std::move(type);
+  }
+  g_error_waiting = waiting;
+  update_held();
+}
+
+}  // namespace neuron

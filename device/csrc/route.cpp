@@ -1,0 +1,268 @@
+// The route's Python side: while adaptive mode is on, each op of a native neuron tensor is
+// handed to the engine (a Python callable) as `engine(op_overload, args, kwargs)`, the way
+// torch hands ops to __torch_dispatch__; the engine answers with
+//   - RUN_EAGER: run it on the eager path now (its held-back ops have run: queue.cpp);
+//   - a DeferPlan: queue it (Note [Deferred launches]) and hand out its results at once;
+//   - (RUN_EAGER, after): run it now, then call after(results): the engine records it;
+//   - (DeferPlan, after): queue it, then call after(): the engine launches the queue;
+//   - anything else: the op's result, which the engine computed itself.
+// Pure-CPU code never gets here: the route sits in the PrivateUse1 kernels only.
+#include "neuron.h"
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/extension.h>
+
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+using c10::IValue;
+
+py::object* g_run_eager = nullptr;  // leaked: must outlive interpreter shutdown
+
+py::object to_python(const c10::Argument& arg, const IValue& v) {
+  if (v.isNone()) {
+    return py::none();
+  }
+  // Enum-like arguments travel as ints in an IValue; Python wants the torch objects.
+  c10::TypePtr type = arg.real_type();
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    type = type->containedType(0);
+  }
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+    case c10::TypeKind::LayoutType:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+    case c10::TypeKind::MemoryFormatType:
+      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+    default:
+      return torch::jit::toPyObject(v);
+  }
+}
+
+// args and kwargs as __torch_dispatch__ gets them: positional arguments up to the first
+// keyword-only one, trailing defaults left out; keyword-only ones that differ from their default.
+std::pair<py::tuple, py::dict> to_python_call(const c10::FunctionSchema& schema, const IValue* values) {
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  auto is_default = [&](size_t i) {
+    const auto& d = arguments[i].default_value();
+    return d.has_value() && *d == values[i];
+  };
+  size_t kwarg_only_start = n;
+  while (kwarg_only_start > 0 && arguments[kwarg_only_start - 1].kwarg_only()) {
+    --kwarg_only_start;
+  }
+  size_t positional_end = kwarg_only_start;
+  while (positional_end > 0 && is_default(positional_end - 1)) {
+    --positional_end;
+  }
+  py::tuple args(positional_end);
+  for (size_t i = 0; i < positional_end; ++i) {
+    args[i] = to_python(arguments[i], values[i]);
+  }
+  py::dict kwargs;
+  for (size_t i = kwarg_only_start; i < n; ++i) {
+    if (!is_default(i)) {
+      kwargs[py::str(arguments[i].name())] = to_python(arguments[i], values[i]);
+    }
+  }
+  return {std::move(args), std::move(kwargs)};
+}
+
+void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const py::object& out) {
+  const auto& returns = schema.returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, returns[0].real_type()));
+  } else if (returns.size() > 1) {
+    auto items = out.cast<py::sequence>();
+    TORCH_CHECK(items.size() == returns.size(), "the engine returned ", items.size(), " results for ",
+                schema.operator_name(), ", which has ", returns.size());
+    for (size_t i = 0; i < returns.size(); ++i) {
+      stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
+    }
+  }
+}
+
+py::object results_to_python(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  const size_t n = schema.returns().size();
+  if (n == 0) {
+    return py::none();
+  }
+  if (n == 1) {
+    return torch::jit::toPyObject(stack.back());
+  }
+  py::tuple out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = torch::jit::toPyObject(stack[stack.size() - n + i]);
+  }
+  return std::move(out);
+}
+
+bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!Py_IsInitialized()) {
+    return false;
+  }
+  py::gil_scoped_acquire gil;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto [args, kwargs] = to_python_call(schema, stack->data() + (stack->size() - n));
+  py::object out = engine(torch::detail::getTorchApiFunction(op), args, kwargs);
+  // (action, after): do the action, then tell the engine (the results, for RUN_EAGER).
+  py::object after;
+  if (py::isinstance<py::tuple>(out) && py::len(out) == 2) {
+    py::tuple pair = out.cast<py::tuple>();
+    py::object action = pair[0];
+    if (action.is(*g_run_eager) || py::isinstance<neuron::DeferPlan>(action)) {
+      after = pair[1];
+      out = action;
+    }
+  }
+  if (out.is(*g_run_eager)) {
+    if (!after) {
+      return false;
+    }
+    neuron::run_eager(op, stack);
+    after(results_to_python(schema, *stack));
+    return true;
+  }
+  if (py::isinstance<neuron::DeferPlan>(out)) {
+    neuron::enqueue(op, stack, out.cast<std::shared_ptr<neuron::DeferPlan>>());
+    if (after) {
+      after();
+    }
+    return true;
+  }
+  torch::jit::drop(*stack, n);
+  push_result(schema, stack, out);
+  return true;
+}
+
+// A kernel written in Python at PrivateUse1 (custom kernels: dispatch/custom_kernels.py) is not
+// behind the C++ fallback; it offers its call to the route itself. Returns (handled, result):
+// not handled, the kernel runs its body now (anything queued has run by then).
+py::tuple offer(const py::object& func, const py::tuple& args, const py::dict& kwargs) {
+  static std::unordered_map<PyObject*, c10::OperatorHandle> handles;  // OpOverloads live forever
+  auto it = handles.find(func.ptr());
+  if (it == handles.end()) {
+    py::object schema = func.attr("_schema");
+    auto name = schema.attr("name").cast<std::string>();
+    auto overload = schema.attr("overload_name").cast<std::string>();
+    it = handles.emplace(func.ptr(), c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str())).first;
+  }
+  const c10::OperatorHandle& op = it->second;
+  const auto& arguments = op.schema().arguments();
+  torch::jit::Stack stack;
+  stack.reserve(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::Argument& arg = arguments[i];
+    py::str name(arg.name());
+    if (i < args.size()) {
+      stack.push_back(torch::jit::toIValue(args[i], arg.real_type()));
+    } else if (kwargs.contains(name)) {
+      stack.push_back(torch::jit::toIValue(kwargs[name], arg.real_type()));
+    } else {
+      TORCH_CHECK(arg.default_value().has_value(), op.schema().operator_name(), " is missing argument ", arg.name());
+      stack.push_back(*arg.default_value());
+    }
+  }
+  if (!neuron::route_op(op, &stack)) {
+    return py::make_tuple(false, py::none());
+  }
+  return py::make_tuple(true, results_to_python(op.schema(), stack));
+}
+
+// Which recorded op last wrote a tensor, for the engine's choice of where a trace starts
+// (its values live across a cut). Keyed by TensorImpl, held weakly: a weak reference keeps
+// the address from being reused (no stale answer for a new tensor) and counts no use
+// (autograd's in-place decisions read use counts: Note [Queued arguments count no references]).
+struct Producer {
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+  int64_t position, slot;
+};
+std::unordered_map<const c10::TensorImpl*, Producer> g_producers;
+constexpr size_t kProducersKept = 1 << 16;  // a stream that never repeats: bounded memory
+
+void note_producer(const at::Tensor& t, int64_t position, int64_t slot) {
+  if (g_producers.size() > kProducersKept) {
+    g_producers.clear();
+  }
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  g_producers.insert_or_assign(impl, Producer{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), position, slot});
+}
+
+py::object producer_of(const at::Tensor& t) {
+  auto it = g_producers.find(t.unsafeGetTensorImpl());
+  if (it == g_producers.end()) {
+    return py::none();
+  }
+  if (it->second.tensor.expired()) {  // cannot be t: t is alive. Stale; drop it
+    g_producers.erase(it);
+    return py::none();
+  }
+  return py::make_tuple(it->second.position, it->second.slot);
+}
+
+// Python callables held by C++ for the process's life, in leaked objects (see module.cpp).
+void set_engine(py::object engine) {
+  if (engine.is_none()) {
+    neuron::set_route(nullptr);
+    return;
+  }
+  auto* held = new py::object(std::move(engine));
+  neuron::set_route([held](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    return call_engine(*held, op, stack);
+  });
+}
+
+void set_host_sync(py::object sync) {
+  auto* held = new py::object(std::move(sync));
+  neuron::set_host_sync([held]() {
+    if (!Py_IsInitialized()) {
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    (*held)();
+  });
+}
+
+std::shared_ptr<neuron::DeferPlan> make_plan(
+    int64_t device, const std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t, at::ScalarType, int64_t>>& outputs,
+    std::vector<int64_t> list_lengths) {
+  auto plan = std::make_shared<neuron::DeferPlan>();
+  plan->device = neuron::checked_device(device);
+  for (const auto& [sizes, strides, offset, dtype, nbytes] : outputs) {
+    TORCH_CHECK(sizes.size() == strides.size(), "an output spec needs one stride per size");
+    plan->outputs.push_back(neuron::OutputSpec{sizes, strides, offset, dtype, nbytes});
+  }
+  plan->list_lengths = std::move(list_lengths);
+  return plan;
+}
+
+}  // namespace
+
+void bind_route(py::module_& m) {
+  g_run_eager = new py::object(py::module_::import("builtins").attr("object")());
+  m.attr("RUN_EAGER") = *g_run_eager;
+  py::class_<neuron::DeferPlan, std::shared_ptr<neuron::DeferPlan>>(m, "DeferPlan")
+      .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
+           "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order");
+  m.def("set_engine", &set_engine, "engine(op, args, kwargs) gets every op of native tensors; None: none does");
+  m.def("note_producer", &note_producer, "t was last written by the recorded op at (position, slot)");
+  m.def("producer_of", &producer_of, "(position, slot) of the recorded op that last wrote t, or None");
+  m.def("forget_producers", []() { g_producers.clear(); });
+  m.def("offer", &offer, "a Python kernel's call, offered to the route: (handled, result)");
+  m.def("set_host_sync", &set_host_sync, "fn() runs before a host access while ops are queued");
+  m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
+  m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
+  m.def("queue_size", &neuron::queue_size);
+  m.def("failed_index", &neuron::failed_index, "the queue entry whose op failed in the last run_queue");
+  m.def("set_failure", &neuron::set_failure, py::arg("message"), py::arg("type"), py::arg("waiting"));
+}

@@ -1,0 +1,105 @@
+"""Adaptive mode on native neuron tensors: the engine defers ops into the C++ queue
+(Note [Deferred launches], device/csrc/queue.cpp). These pin what the queue itself must get
+right; test_adaptive*.py and test_training.py run whole loops in this process too."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import adaptive_eager
+from dispatch.context import CONTEXT
+
+NEURON = torch.device("neuron")
+
+pytestmark = pytest.mark.skipif(not CONTEXT.runtime.config.native_tensors,
+                                reason="runs in the NEURON_TENSORS=native process (test_native_tensors.py)")
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    previous = adaptive_eager.get_mode()
+    yield
+    adaptive_eager.set_mode(previous)
+
+
+def _until_fused(step, steps=12):
+    """Run step() until its ops are deferred (a trace is cached), then once more; returns
+    the launches of that last step."""
+    for _ in range(steps):
+        step()
+    before = adaptive_eager.stats().launches
+    step()
+    return adaptive_eager.stats().launches - before
+
+
+def test_a_deferred_in_place_op_writes_the_storage_it_was_issued_on_not_a_later_data():
+    # A launched kernel holds its arguments' memory: `p.data = other` after the issue must not
+    # redirect an update still queued (the queue captures the storage, not the Python tensor).
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        p = torch.zeros(4, device=NEURON)
+        q = torch.zeros(4, device=NEURON)
+        swapped = []
+        for i in range(10):
+            p.add_(1.0)
+            p.mul_(2.0)
+            p.sub_(0.5)
+            p.div_(1.5)
+            held, p.data = p.data, q.data if i == 8 else p.data  # swap once, with ops queued
+            swapped.append(held)
+        return p.cpu(), q.cpu(), swapped[-1].cpu()
+
+    assert all(torch.equal(a, b) for a, b in zip(run("eager"), run("adaptive")))
+
+
+def test_a_tensor_used_twice_accumulates_its_gradient_as_in_eager_mode_so_the_step_fuses():
+    # Note [Queued arguments count no references]: autograd accumulates the two gradients of a
+    # tensor used twice in place only if nothing else holds its storage. A queue holding
+    # references turned add_ into add and the step never matched its trace (a divergence per step).
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to(NEURON)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    x = torch.randn(4, 8, device=NEURON)
+
+    def step():
+        h = lin(x)
+        (lin(h) + h).square().mean().backward()  # h (and lin's weight) used twice
+        opt.step()
+        opt.zero_grad()
+
+    adaptive_eager.set_mode("adaptive")
+    assert _until_fused(step) == 1
+    before = adaptive_eager.stats().divergences
+    for _ in range(5):
+        step()
+    assert adaptive_eager.stats().divergences == before
+
+
+def test_an_intermediate_nobody_holds_is_freed_once_its_readers_ran():
+    # Deferred outputs get bytes when their op runs and lose them when the last holder (a user
+    # tensor or a queued reader) lets go: after a fused step, only what the user keeps is held.
+    x = torch.randn(256, 256, device=NEURON)
+
+    def step():
+        y = x.exp().mul(2).tanh().add(1)  # three intermediates, only y kept
+        return y.sum()
+
+    adaptive_eager.set_mode("adaptive")
+    for _ in range(12):
+        step()
+    torch.neuron.synchronize()
+    held = torch.neuron.memory_allocated()
+    s = step()
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() == held + s.untyped_storage().nbytes()
+
+
+def test_a_value_read_on_the_host_before_its_launch_waits_for_it():
+    adaptive_eager.set_mode("adaptive")
+    x = torch.arange(8.0, device=NEURON)
+    for _ in range(12):
+        y = (x * 3).add(1).neg().abs()
+    y = (x * 3).add(1).neg().abs()  # deferred: its bytes do not exist yet
+    assert torch.equal(y.cpu(), torch.arange(8.0) * 3 + 1)
+    assert y.data_ptr() != 0
