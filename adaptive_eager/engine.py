@@ -162,14 +162,18 @@ class AdaptiveExecutor(Executor):
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe (sparse layouts): run it now
                 return self._sync_op(info, args, kwargs)
-            if self.pending is not None or self._enter_at is not None:
-                out = self._continue_match(rec)
-                if out is not _NO_MATCH:
-                    return out
-            out = self._try_start(rec)
+            return self._match_or_record(info, rec, args, kwargs)
+
+    def _match_or_record(self, info, rec: OpRecord, args, kwargs):
+        """The slow path: rec continues the match, starts a cached trace, or runs eagerly."""
+        if self.pending is not None or self._enter_at is not None:
+            out = self._continue_match(rec)
             if out is not _NO_MATCH:
                 return out
-            return self._record_eager(info, rec, args, kwargs)
+        out = self._try_start(rec)
+        if out is not _NO_MATCH:
+            return out
+        return self._record_eager(info, rec, args, kwargs)
 
     def read(self, t: NeuronTensor):
         with self._lock:

@@ -9,13 +9,13 @@ its results are handed out at once, as neuron tensors whose bytes the launch wil
 When the trace completes, or at a sync point, the queue runs as one launch.
 
 What differs from the wrapper engine, and why:
-- dataflow is not part of matching: a queued op holds its arguments themselves (aliases
-  of their storages), so the launch reads what earlier ops wrote whatever the dataflow;
+- dataflow is not part of matching: a queued op holds its arguments themselves (their
+  bytes, or the deferred outputs they are), so the launch reads what earlier ops wrote;
   the signature (shapes, strides, dtypes, structural arguments) fixes every output's
   geometry, which is all that is handed out early. Recorded ops still note which earlier
   op made each input, for the trace's cut (_quietest_cut);
-- host reads need no hooks of ours: C++ host accesses (copies to the host, `item()`, Python
-  kernels' host aliases) call `_host_sync` while anything is queued;
+- host reads need no Python hooks: the C++ host accesses (copies to or from the host,
+  `item()`, resize_) call `_host_sync` while the engine is attached, a sync point each;
 - fused launches run on the issuing thread, each op priced as in eager mode (one launch
   overhead for them all): the device stream and launch-boundary pricing come next.
 """
@@ -30,7 +30,6 @@ from dispatch.record import OpRecord, user_source_line
 from .engine import _NO_MATCH, AdaptiveExecutor
 from .pending import Pending, launch_error
 from .trace import OpProto, output_slots, written_inputs
-
 
 
 class _Barrier:
@@ -97,14 +96,7 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe: run it now
                 return self._sync_op(info, func, args, kwargs)
-            if self.pending is not None or self._enter_at is not None:
-                out = self._continue_match(rec)
-                if out is not _NO_MATCH:
-                    return out
-            out = self._try_start(rec)
-            if out is not _NO_MATCH:
-                return out
-            return self._record_eager(info, rec, args, kwargs)
+            return self._match_or_record(info, rec, args, kwargs)
 
     # -- matching and deferring --------------------------------------------------------------
     def _start(self, trace, rec):

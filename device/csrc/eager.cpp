@@ -28,6 +28,7 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/RefcountedDeleter.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -458,6 +459,17 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(empty), 0, {0}, {});
 }
 
+// Whether anything but `storage` holds its bytes: another tensor's storage object, or a queued
+// op's capture of them (Note [Queued arguments count no references]).
+bool bytes_shared(const c10::Storage& storage) {
+  if (storage.use_count() > 1) {
+    return true;
+  }
+  const c10::DataPtr& data = storage.data_ptr();
+  return data.get_deleter() == &c10::refcounted_deleter &&
+         static_cast<c10::RefcountedDeleterContext*>(data.get_context())->refcount.load() > 1;
+}
+
 // A copy that crosses the host/device boundary (or devices) is a transfer on the clock; one
 // within a device is a kernel launch, priced by the bytes it reads and writes.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -472,7 +484,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (route_op(op, &stack)) {
       return dst;
     }
-  } else if (src_neuron || dst.storage().use_count() > 1 || dst.storage().data() == nullptr) {
+  } else if (src_neuron || bytes_shared(dst.storage()) || dst.storage().data() == nullptr) {
     // A transfer reads or writes device memory now: what is queued runs first. A copy into
     // bytes only dst holds (`.to('neuron')` right after its allocation) waits for nothing.
     sync_before_host_access();

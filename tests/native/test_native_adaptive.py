@@ -103,3 +103,19 @@ def test_a_value_read_on_the_host_before_its_launch_waits_for_it():
     y = (x * 3).add(1).neg().abs()  # deferred: its bytes do not exist yet
     assert torch.equal(y.cpu(), torch.arange(8.0) * 3 + 1)
     assert y.data_ptr() != 0
+
+
+def test_a_host_copy_into_bytes_a_queued_op_reads_waits_for_that_op():
+    # The queue's capture of `a` is not a reference to a's storage object (Note [Queued arguments
+    # count no references]): the copy must still see that a queued op reads a's bytes.
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        a = torch.ones(4, device=NEURON)
+        for _ in range(12):
+            (a * 2).add(1).mul(3).sub(1)
+        b = a * 2  # the cached trace's first op: queued
+        a.copy_(torch.full((4,), 7.0))  # a host write in the middle of the trace
+        return b.cpu(), a.cpu()
+
+    eager, adaptive = run("eager"), run("adaptive")
+    assert torch.equal(eager[0], torch.full((4,), 2.0)) and all(torch.equal(x, y) for x, y in zip(eager, adaptive))
