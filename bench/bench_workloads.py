@@ -309,8 +309,6 @@ def test_workload(benchmark, request, anchor_failures, workload, mode, overhead)
     rounds, iterations = quick if quick_mode(request.config) else full
     benchmark.extra_info.update(workload=workload, mode=mode, overhead=overhead)
     engine_mode = "adaptive" if mode == "neuron-adaptive" else "eager"
-    if engine_mode == "adaptive" and CONTEXT.runtime.config.native_tensors:
-        pytest.skip("adaptive mode does not run on native tensors (NEURON_TENSORS=native) yet")
     with adaptive_eager.mode(engine_mode), _overhead("spent" if overhead == "spent" else "modelled"):
         try:
             step = _build_step(workload, mode)
