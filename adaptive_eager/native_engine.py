@@ -223,7 +223,7 @@ def build_native_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
         if isinstance(v, torch.Tensor) and v.device.type == "neuron":
             if device is None:
                 device = v.device.index
-            storages.add(v.untyped_storage()._cdata)
+            storages.add(native.storage_of(v)[0])
         elif isinstance(v, torch.Generator):
             barrier = True  # its state must move at issue, where the user may read it
     if device is None:  # a factory: the device it names
@@ -244,11 +244,11 @@ def build_native_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
     def new_output(o) -> tuple | None:
         if not isinstance(o, torch.Tensor) or o.device.type != "neuron" or o.layout != torch.strided:
             return None
-        storage = o.untyped_storage()
-        if storage._cdata in storages:
+        storage, nbytes = native.storage_of(o)
+        if storage in storages:
             return None  # a view of an input, or of another output: aliasing a plan cannot give
-        storages.add(storage._cdata)
-        geometry = (tuple(o.shape), o.stride(), o.storage_offset(), o.dtype, storage.nbytes())
+        storages.add(storage)
+        geometry = (tuple(o.shape), o.stride(), o.storage_offset(), o.dtype, nbytes)
         plan_outputs.append((list(geometry[0]), list(geometry[1]), geometry[2], geometry[3], geometry[4]))
         return ("new",) + geometry
 

@@ -48,6 +48,7 @@ set_engine = _C.set_engine
 set_host_sync = _C.set_host_sync
 offer = _C.offer
 note_producer = _C.note_producer
+storage_of = _C.storage_of
 producer_of = _C.producer_of
 forget_producers = _C.forget_producers
 set_bypass = _C.set_bypass

@@ -199,10 +199,11 @@ void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& 
               result.scalar_type(), " but its trace promised ", c10::IntArrayRef(spec.sizes), " ", spec.dtype,
               ". Set NEURON_ADAPTIVE_EAGER=0 to avoid it, and please report it.");
   c10::StorageImpl* source = result.storage().unsafeGetStorageImpl();
-  const bool same_geometry = result.strides() == c10::IntArrayRef(spec.strides) &&
-                             result.storage_offset() == spec.offset &&
-                             static_cast<int64_t>(source->nbytes()) == spec.nbytes;
+  const bool same_geometry = result.strides() == c10::IntArrayRef(spec.strides) && result.storage_offset() == spec.offset;
   if (same_geometry && result.storage().use_count() == 1) {  // the result's bytes are its own: move them
+    // With their size: a kernel may allocate more than the view needs (the recorded run's
+    // storage may differ), and device memory must count what eager mode would.
+    target->set_nbytes(source->nbytes());
     target->set_data_ptr_noswap(source->set_data_ptr(c10::DataPtr(nullptr, source->device())));
     return;
   }

@@ -255,6 +255,12 @@ void bind_route(py::module_& m) {
       .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
            "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order");
   m.def("set_engine", &set_engine, "engine(op, args, kwargs) gets every op of native tensors; None: none does");
+  // A storage's identity and size without making its Python object (which would hold a
+  // reference to it: Note [Queued arguments count no references]).
+  m.def("storage_of", [](const at::Tensor& t) {
+    return py::make_tuple(reinterpret_cast<intptr_t>(t.storage().unsafeGetStorageImpl()),
+                          static_cast<int64_t>(t.storage().nbytes()));
+  }, "(identity, nbytes) of t's storage");
   m.def("note_producer", &note_producer, "t was last written by the recorded op at (position, slot)");
   m.def("producer_of", &producer_of, "(position, slot) of the recorded op that last wrote t, or None");
   m.def("forget_producers", []() { g_producers.clear(); });

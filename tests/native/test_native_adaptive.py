@@ -1,11 +1,12 @@
 """Adaptive mode on native neuron tensors: the engine defers ops into the C++ queue
 (Note [Deferred launches], device/csrc/queue.cpp). These pin what the queue itself must get
-right; test_adaptive*.py and test_training.py run whole loops in this process too."""
+right; test_adaptive*.py and test_training.py run whole loops in this process too (among them
+the transformer step that fuses only because queued arguments count no references: Note
+[Queued arguments count no references])."""
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import adaptive_eager
 from dispatch.context import CONTEXT
@@ -21,16 +22,6 @@ def _restore_mode():
     previous = adaptive_eager.get_mode()
     yield
     adaptive_eager.set_mode(previous)
-
-
-def _until_fused(step, steps=12):
-    """Run step() until its ops are deferred (a trace is cached), then once more; returns
-    the launches of that last step."""
-    for _ in range(steps):
-        step()
-    before = adaptive_eager.stats().launches
-    step()
-    return adaptive_eager.stats().launches - before
 
 
 def test_a_deferred_in_place_op_writes_the_storage_it_was_issued_on_not_a_later_data():
@@ -51,29 +42,6 @@ def test_a_deferred_in_place_op_writes_the_storage_it_was_issued_on_not_a_later_
         return p.cpu(), q.cpu(), swapped[-1].cpu()
 
     assert all(torch.equal(a, b) for a, b in zip(run("eager"), run("adaptive")))
-
-
-def test_a_tensor_used_twice_accumulates_its_gradient_as_in_eager_mode_so_the_step_fuses():
-    # Note [Queued arguments count no references]: autograd accumulates the two gradients of a
-    # tensor used twice in place only if nothing else holds its storage. A queue holding
-    # references turned add_ into add and the step never matched its trace (a divergence per step).
-    torch.manual_seed(0)
-    lin = nn.Linear(8, 8).to(NEURON)
-    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
-    x = torch.randn(4, 8, device=NEURON)
-
-    def step():
-        h = lin(x)
-        (lin(h) + h).square().mean().backward()  # h (and lin's weight) used twice
-        opt.step()
-        opt.zero_grad()
-
-    adaptive_eager.set_mode("adaptive")
-    assert _until_fused(step) == 1
-    before = adaptive_eager.stats().divergences
-    for _ in range(5):
-        step()
-    assert adaptive_eager.stats().divergences == before
 
 
 def test_an_intermediate_nobody_holds_is_freed_once_its_readers_ran():
