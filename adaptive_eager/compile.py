@@ -51,11 +51,21 @@ def _is_tensor_key(key) -> bool:
     return isinstance(key, tuple) and len(key) == 5 and isinstance(key[4], torch.device)
 
 
-def _match_value(src: _Source, expr: str, template, key, refs) -> None:
-    """Emit checks that the value at `expr` fits (template, key); store slot values."""
+def _match_value(src: _Source, expr: str, template, key, refs, native: bool = False) -> None:
+    """Emit checks that the value at `expr` fits (template, key); store slot values.
+    native: plain neuron tensors (native_engine.py), matched by metadata alone."""
     if type(template) is Slot:
         s = template.index
-        if _is_tensor_key(key):
+        if _is_tensor_key(key) and native:
+            # Any tensor class (nn.Parameter too); the device by index (`v.device` builds a
+            # torch.device on every read): get_device() is -1 on the CPU.
+            shape, stride, offset, dtype = (src.const(x) for x in key[:4])
+            index = key[4].index if key[4].type == "neuron" else -1
+            src.emit(f"v = {expr}")
+            src.emit(f"if not isinstance(v, TENSOR) or v.get_device() != {index} or v.shape != {shape} "
+                     f"or v.stride() != {stride} or v.storage_offset() != {offset} or v.dtype != {dtype}: return None")
+            src.emit(f"vals[{s}] = v")
+        elif _is_tensor_key(key):
             ref = refs[s]
             if ref is not None:
                 want = src.const(ref)
@@ -99,7 +109,7 @@ def _match_value(src: _Source, expr: str, template, key, refs) -> None:
         name = f"l{len(src.lines)}"
         src.emit(f"{name} = v")
         for i, (t, k) in enumerate(zip(template, key)):
-            _match_value(src, f"{name}[{i}]", t, k, refs)
+            _match_value(src, f"{name}[{i}]", t, k, refs, native)
     else:  # a structural constant: keyed by value (bools apart from ints)
         c = src.const(template)
         cls = src.const(type(template))
@@ -107,18 +117,18 @@ def _match_value(src: _Source, expr: str, template, key, refs) -> None:
         src.emit(f"if v.__class__ is not {cls} or v != {c}: return None")
 
 
-def compile_matcher(proto: OpProto, refs: tuple, n_values: int):
+def compile_matcher(proto: OpProto, refs: tuple, n_values: int, native: bool = False):
     """match(args, kwargs, pending) -> list of slot values, or None."""
     src = _Source()
     _, arg_keys, kw_keys = proto.signature
     src.emit(f"if len(args) != {len(arg_keys)} or len(kwargs) != {len(kw_keys)}: return None")
     src.emit(f"vals = [None] * {n_values}")
     for i, (t, k) in enumerate(zip(proto.args_t, arg_keys)):
-        _match_value(src, f"args[{i}]", t, k, refs)
+        _match_value(src, f"args[{i}]", t, k, refs, native)
     for name, k in kw_keys:
         t = proto.kwargs_t[name] if not _is_device_key(k) else k
         src.emit(f"if {name!r} not in kwargs: return None")
-        _match_value(src, f"kwargs[{name!r}]", t, k, refs)
+        _match_value(src, f"kwargs[{name!r}]", t, k, refs, native)
     src.emit("return vals")
     return _define("match", "args, kwargs, p", src, NT=NeuronTensor, TENSOR=torch.Tensor, ARRIVING=arriving)
 

@@ -16,6 +16,7 @@ What differs from the wrapper engine, and why:
   op made each input, for the trace's cut (_quietest_cut);
 - host reads need no Python hooks: the C++ host accesses (copies to or from the host,
   `item()`, resize_) call `_host_sync` while the engine is attached, a sync point each;
+- matching uses generated code per position (compile.py, native=True), metadata only;
 - fused launches run on the issuing thread, each op priced as in eager mode (one launch
   overhead for them all): the device stream and launch-boundary pricing come next.
 """
@@ -25,8 +26,9 @@ import torch
 
 from device import native
 from dispatch import classify
-from dispatch.record import OpRecord, user_source_line
+from dispatch.record import OpRecord, Slot, user_source_line
 
+from .compile import compile_matcher
 from .engine import _NO_MATCH, AdaptiveExecutor
 from .pending import Pending, launch_error
 from .trace import OpProto, output_slots, written_inputs
@@ -90,8 +92,20 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
                 return native.RUN_EAGER
             if info.is_host_read or info.has_data_dependent_shape or info.may_resize or info.is_collective:
                 return self._sync_op(info, func, args, kwargs)
-            if self._backoff and self.pending is None and self._enter_at is None:
-                return self._run_backing_off(info, args, kwargs)
+            p = self.pending
+            if self._enter_at is None:
+                if p is None:
+                    if self._backoff:
+                        return self._run_backing_off(info, args, kwargs)
+                    starts = self.cache.by_first_op.get(func)
+                    if starts:
+                        out = self._fast_start(starts, func, args, kwargs)
+                        if out is not _NO_MATCH:
+                            return out
+                elif p.done != p.pos:
+                    out = self._match_fast(p, func, args, kwargs)  # the steady-state path
+                    if out is not _NO_MATCH:
+                        return out
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe: run it now
@@ -107,6 +121,25 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         if out is _NO_MATCH:
             self.pending = None
         return out
+
+    def _match_fast(self, p: Pending, func, args, kwargs):
+        """Match the next position with its generated matcher (compile.py, native=True): the
+        call's metadata against the signature, without describing it as an OpRecord."""
+        k = p.pos
+        trace = p.trace
+        proto = trace.protos[k]
+        if proto.info.op is not func:
+            return _NO_MATCH
+        matchers = trace.__dict__.get("native_matchers")
+        if matchers is None:
+            matchers = trace.native_matchers = [None] * len(trace)
+        match = matchers[k]
+        if match is None:
+            n = _slot_count((proto.args_t, tuple(proto.kwargs_t.values())))
+            match = matchers[k] = compile_matcher(proto, (None,) * n, n, native=True)
+        if match(args, kwargs, p) is None:
+            return _NO_MATCH
+        return self._defer(p, proto)
 
     def _match_one(self, p: Pending, rec: OpRecord):
         proto = p.trace.protos[p.pos]
@@ -212,6 +245,15 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         if proto is None:
             proto = self.protos[rec.signature] = build_native_proto(info, rec, out, args, kwargs)
         return proto
+
+
+def _slot_count(template) -> int:
+    """How many values an OpRecord template binds (its Slot placeholders)."""
+    if type(template) is Slot:
+        return 1
+    if type(template) in (list, tuple):
+        return sum(_slot_count(t) for t in template)
+    return 0
 
 
 def build_native_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:

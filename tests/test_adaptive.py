@@ -265,8 +265,6 @@ def test_peak_memory_matches_eager_when_the_loop_keeps_its_losses():
     assert run("adaptive") == run("eager")
 
 
-@pytest.mark.xfail(NATIVE, strict=True, reason="on native tensors the engine describes each op to match it: "
-                   "generated matchers are a later slice of issue 11")
 def test_steady_state_describes_no_op(monkeypatch):
     """Once a step is a cached trace, every op (the step's first included) is matched by
     generated code: none is described as an OpRecord, the slow path of the engine."""
