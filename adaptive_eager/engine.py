@@ -142,20 +142,9 @@ class AdaptiveExecutor(Executor):
             if info.is_host_read or info.has_data_dependent_shape or info.may_resize or (
                     hasattr(func, "_neuron_special") and not transfers.stays_on_device(func, args, kwargs)):
                 return self._sync_op(info, args, kwargs)
-            p = self.pending
-            if self._enter_at is None:
-                if p is None:
-                    if self._backoff:
-                        return self._run_backing_off(info, args, kwargs)
-                    starts = self.cache.by_first_op.get(func)
-                    if starts:
-                        out = self._fast_start(starts, func, args, kwargs)
-                        if out is not _NO_MATCH:
-                            return out
-                elif p.done != p.pos:
-                    out = self._match_fast(p, func, args, kwargs)  # the steady-state path
-                    if out is not _NO_MATCH:
-                        return out
+            out = self._fast_paths(info, func, args, kwargs)
+            if out is not _NO_MATCH:
+                return out
             if self.inflight is not None:  # what follows may run ops or read host data now
                 self._drain()
             try:
@@ -163,6 +152,22 @@ class AdaptiveExecutor(Executor):
             except Exception:  # arguments we cannot describe (sparse layouts): run it now
                 return self._sync_op(info, args, kwargs)
             return self._match_or_record(info, rec, args, kwargs)
+
+    def _fast_paths(self, info, func, args, kwargs):
+        """The per-op paths that describe nothing: backing off, starting a cached trace by its
+        generated first-position matcher, or matching the next position (the steady state)."""
+        if self._enter_at is not None:
+            return _NO_MATCH
+        p = self.pending
+        if p is None:
+            if self._backoff:
+                return self._run_backing_off(info, args, kwargs)
+            starts = self.cache.by_first_op.get(func)
+            if starts:
+                return self._fast_start(starts, func, args, kwargs)
+        elif p.done != p.pos:
+            return self._match_fast(p, func, args, kwargs)
+        return _NO_MATCH
 
     def _match_or_record(self, info, rec: OpRecord, args, kwargs):
         """The slow path: rec continues the match, starts a cached trace, or runs eagerly."""

@@ -92,20 +92,9 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
                 return native.RUN_EAGER
             if info.is_host_read or info.has_data_dependent_shape or info.may_resize or info.is_collective:
                 return self._sync_op(info, func, args, kwargs)
-            p = self.pending
-            if self._enter_at is None:
-                if p is None:
-                    if self._backoff:
-                        return self._run_backing_off(info, args, kwargs)
-                    starts = self.cache.by_first_op.get(func)
-                    if starts:
-                        out = self._fast_start(starts, func, args, kwargs)
-                        if out is not _NO_MATCH:
-                            return out
-                elif p.done != p.pos:
-                    out = self._match_fast(p, func, args, kwargs)  # the steady-state path
-                    if out is not _NO_MATCH:
-                        return out
+            out = self._fast_paths(info, func, args, kwargs)
+            if out is not _NO_MATCH:
+                return out
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe: run it now
@@ -130,13 +119,10 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         proto = trace.protos[k]
         if proto.info.op is not func:
             return _NO_MATCH
-        matchers = trace.__dict__.get("native_matchers")
-        if matchers is None:
-            matchers = trace.native_matchers = [None] * len(trace)
-        match = matchers[k]
+        match = trace.native_matchers[k]
         if match is None:
             n = _slot_count((proto.args_t, tuple(proto.kwargs_t.values())))
-            match = matchers[k] = compile_matcher(proto, (None,) * n, n, native=True)
+            match = trace.native_matchers[k] = compile_matcher(proto, (None,) * n, n, native=True)
         if match(args, kwargs, p) is None:
             return _NO_MATCH
         return self._defer(p, proto)

@@ -164,6 +164,8 @@ class Trace:
         self.matchers = _LazyCode(self, "matcher")
         self.runners = _LazyCode(self, "runner")
         self.replays = _LazyCode(self, "replay")
+        # native_engine.py's matchers (metadata only), made on first use per position
+        self.native_matchers: list = [None] * len(protos)
         self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
         # stream_launch.StreamProgram once built; False if launches stay on the issuing thread
         self.stream_program = None

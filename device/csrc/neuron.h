@@ -137,6 +137,8 @@ struct DeferPlan {  // how to hand out a deferred op's results
 // queued it with enqueue), false to have the eager path run it. Empty: every op is eager.
 using OpRoute = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;
 void set_route(OpRoute route);
+// Whether this thread's ops go to the route now (one is set, and the thread is not bypassed).
+bool route_active();
 // Offers the op to the route (never from inside a launch, nor while bypassed); true if handled.
 bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // While one lives, its thread's ops take the eager path, whatever the route.

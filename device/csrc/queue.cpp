@@ -267,8 +267,10 @@ bool set_bypass(bool bypass) {
 
 void set_route(OpRoute route) { g_route = std::move(route); }
 
+bool route_active() { return g_route && !t_bypass; }
+
 bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!g_route || t_bypass) {
+  if (!route_active()) {
     return false;
   }
   if (g_route(op, stack)) {

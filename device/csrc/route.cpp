@@ -149,6 +149,9 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
 // behind the C++ fallback; it offers its call to the route itself. Returns (handled, result):
 // not handled, the kernel runs its body now (anything queued has run by then).
 py::tuple offer(const py::object& func, const py::tuple& args, const py::dict& kwargs) {
+  if (!neuron::route_active()) {  // eager mode, or the launch running this kernel: no stack to build
+    return py::make_tuple(false, py::none());
+  }
   static std::unordered_map<PyObject*, c10::OperatorHandle> handles;  // OpOverloads live forever
   auto it = handles.find(func.ptr());
   if (it == handles.end()) {
