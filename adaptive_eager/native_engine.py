@@ -16,15 +16,16 @@ What differs from the wrapper engine, and why:
   op made each input, for the trace's cut (_quietest_cut);
 - host reads need no Python hooks: the C++ host accesses (copies to or from the host,
   `item()`, resize_) call `_host_sync` while the engine is attached, a sync point each;
-- matching uses generated code per position (compile.py, native=True), metadata only;
-- fused launches run on the issuing thread, each op priced as in eager mode (one launch
-  overhead for them all): the device stream and launch-boundary pricing come next.
+- a complete trace of C++ kernels runs on the device stream, beside the host (Note [The
+  device stream] in csrc/queue.cpp); each op is priced as in eager mode, one launch
+  overhead for them all (launch-boundary pricing comes next).
 """
 from __future__ import annotations
 
 import torch
 
-from device import native
+from device import native, stream
+from device.profiling import profiler_enabled
 from dispatch import classify
 from dispatch.record import OpRecord, Slot, user_source_line
 
@@ -95,6 +96,8 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
             out = self._fast_paths(info, func, args, kwargs)
             if out is not _NO_MATCH:
                 return out
+            if self.inflight is not None:  # what follows may run ops now or record them
+                self._drain()
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
             except Exception:  # arguments we cannot describe: run it now
@@ -158,6 +161,16 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
 
     # -- launching ----------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
+        if self.inflight is not None:  # one launch on the stream at a time: the stream is in order
+            self._drain()
+        if p.done == 0 and p.complete and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
+            if native.submit_queue():  # Note [The device stream] (csrc/queue.cpp)
+                self.inflight = p
+                p.done = p.pos
+                self.counters.fused_launches += 1
+                self.counters.fused_ops += len(p.trace)
+                self.counters.stream_launches += 1
+            return
         start = p.done
         try:
             n = native.run_queue()
@@ -172,6 +185,18 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         if n:
             self.counters.fused_launches += 1
             self.counters.fused_ops += n
+
+    def _drain(self) -> None:
+        """Wait for the launch on the device stream; its error is raised at the next sync point."""
+        p = self.inflight
+        if p is None:
+            return
+        self.inflight = None
+        try:
+            native.finish_launch()
+        except Exception as exc:
+            self.error = launch_error(p.trace, max(native.failed_index(), 0), exc)
+            native.set_failure(str(self.error), type(self.error).__name__, True)
 
     def _raise_error(self) -> None:
         if self.error is not None:
@@ -197,6 +222,8 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         return native.RUN_EAGER
 
     def _run_backing_off(self, info, args, kwargs):
+        if self.inflight is not None:
+            self._drain()
         self._backoff -= 1
         if not self._backoff:
             self.history.clear()
@@ -231,6 +258,16 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         if proto is None:
             proto = self.protos[rec.signature] = build_native_proto(info, rec, out, args, kwargs)
         return proto
+
+
+def _may_use_stream(trace) -> bool:
+    """Its launches may run on the device stream: only C++ kernels, and no random numbers
+    (they come from the device generator in stream order, on the host: Note [RNG order])."""
+    ok = trace.__dict__.get("stream_ok")
+    if ok is None:
+        ok = trace.stream_ok = all(
+            not p.info.is_random and p.info.op._schema.name.startswith(("aten::", "prims::")) for p in trace.protos)
+    return ok
 
 
 def _slot_count(template) -> int:

@@ -78,6 +78,12 @@ def set_enabled(enabled: bool) -> bool:
     return previous
 
 
+def enabled() -> bool:
+    """Whether launches may use a device stream (NEURON_ASYNC_LAUNCH, set_enabled). Native
+    tensors' stream is built with the device extension (csrc/queue.cpp), never at run time."""
+    return _enabled
+
+
 def stream_module():
     """The compiled stream module, or None (launches then run on the issuing thread).
     Never builds here and never waits, except with NEURON_ASYNC_LAUNCH=1 (asked for)."""

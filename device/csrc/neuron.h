@@ -164,6 +164,17 @@ int64_t queue_size();
 // Runs the queue as one launch; returns how many ops ran. On an op's error, raises it after
 // dropping the ops after it; failed_index() then says which entry failed.
 int64_t run_queue();
+// Runs the queue on the device stream instead (Note [The device stream]); false if empty.
+bool submit_queue();
+bool launch_in_flight();
+// Waits until the launch on the stream has run (its outcome stays for finish_launch). Never
+// with the GIL held: the stream's thread may free Python-owned storages, which takes it.
+void wait_for_stream();
+// Whether an argument on stack[first:] is an output that has no bytes yet (a queued op's).
+bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first);
+// Waits for the launch on the stream; returns how many ops ran, or raises the failing op's
+// error as run_queue does (failed_index() then says which). 0 if none is in flight.
+int64_t finish_launch();
 int64_t failed_index();
 // The failed launch's error, message and Python type name (what reading a value it never
 // computed raises), and whether it still waits to be raised (host accesses then sync).

@@ -23,11 +23,16 @@
 #include "neuron.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/RefcountedDeleter.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <pthread.h>
+#include <thread>
 #include <exception>
 #include <string>
 #include <unordered_map>
@@ -70,11 +75,100 @@ struct Entry {
 // bytes through c10's refcounted DataPtr (as MultiPy shares storages between interpreters;
 // is_alias_of still sees them as one, which CPU kernels' overlap checks need); a deferred
 // output of an earlier queued op is held weakly, and its bytes, once its op has run, are
-// kept by the launch for as long as queued readers remain (g_readers, g_produced).
-std::unordered_map<const c10::StorageImpl*, int64_t> g_readers;  // queued reads per pending storage
-std::unordered_map<const c10::StorageImpl*, c10::Storage> g_produced;  // made, with readers left
+// kept by the launch for as long as queued readers remain (Launch::readers, ::produced), on
+// a storage sharing them the same way.
+struct Launch {
+  std::vector<Entry> entries;
+  std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
+};
 
-std::vector<Entry> g_queue;  // guarded by the engine's lock (Python) and the GIL
+Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) and the GIL
+
+int64_t run_launch(Launch& launch, int64_t* failed);
+
+// Note [The device stream]: a complete trace with only C++ kernels (no random ops, no Python
+// kernels: native_engine.py decides) runs on this thread, beside the host, which goes on
+// issuing the next trace's ops into the next queue. One launch is in flight at a time; the
+// host waits for it (finish_launch) before the next launch, an op it runs now, or any host
+// access, and before capturing an output of the launch that has no bytes yet (capture).
+struct Outcome {
+  int64_t ran = 0;
+  int64_t failed = -1;
+  std::exception_ptr error;
+};
+
+struct Worker {
+  std::mutex lock;
+  std::condition_variable changed;
+  std::unique_ptr<Launch> job;  // submitted, not yet taken by the thread
+  bool finished = false;
+  Outcome outcome;
+  std::atomic<bool> busy{false};  // submitted and not yet collected by the host
+  int threads = 1;
+  bool started = false;
+
+  void submit(std::unique_ptr<Launch> launch) {
+    std::unique_lock<std::mutex> guard(lock);
+    if (!started) {
+      started = true;
+      // Detached: it waits on `changed` for the process's life, and must not be joined at exit.
+      std::thread([this] { loop(); }).detach();
+    }
+    threads = at::get_num_threads();  // the host's intra-op threads, as its kernels would use
+    job = std::move(launch);
+    finished = false;
+    busy.store(true);
+    changed.notify_all();
+  }
+
+  void loop() {
+    for (;;) {
+      std::unique_ptr<Launch> launch;
+      int n = 1;
+      {
+        std::unique_lock<std::mutex> guard(lock);
+        changed.wait(guard, [this] { return job != nullptr; });
+        launch = std::move(job);
+        n = threads;
+      }
+      at::set_num_threads(n);
+      Outcome result;
+      try {
+        result.ran = run_launch(*launch, &result.failed);
+      } catch (...) {
+        result.error = std::current_exception();
+      }
+      launch.reset();  // its inputs and kept values go now, on this thread
+      std::unique_lock<std::mutex> guard(lock);
+      outcome = std::move(result);
+      finished = true;
+      changed.notify_all();
+    }
+  }
+
+  void wait_finished() {
+    std::unique_lock<std::mutex> guard(lock);
+    changed.wait(guard, [this] { return finished; });
+  }
+
+  Outcome collect() {
+    wait_finished();
+    std::unique_lock<std::mutex> guard(lock);
+    busy.store(false);
+    finished = false;
+    return std::move(outcome);
+  }
+};
+
+// Never destroyed: at exit its thread still waits on `changed`, and destroying a condition
+// variable that a thread waits on blocks exit for ever (glibc's pthread_cond_destroy).
+Worker* g_worker = new Worker;
+
+// A forked child has no stream thread (the parent waited for its launch before forking:
+// dispatch/registration.py), and its copy of the worker's lock and condition may be mid-use:
+// it starts a fresh worker, its thread made at its first launch. The old one is leaked.
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_worker = new Worker; });
 std::atomic<bool> g_held{false};  // ops are queued, or a failed launch's error waits
 bool g_error_waiting = false;
 std::string g_failure;  // the error of the launch that left values uncomputed
@@ -84,7 +178,7 @@ OpRoute g_route;
 std::function<void()> g_host_sync;
 thread_local bool t_bypass = false;
 
-void update_held() { g_held.store(!g_queue.empty() || g_error_waiting); }
+void update_held() { g_held.store(!g_queue.entries.empty() || g_error_waiting); }
 
 bool is_tensor_list(const c10::TypePtr& type) {
   return type->kind() == c10::TypeKind::ListType &&
@@ -108,7 +202,7 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
       const c10::Storage& storage = t.storage();
       if (storage.data() == nullptr && storage.nbytes() > 0) {  // made by an op still queued
         c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-        ++g_readers[impl];
+        ++g_queue.readers[impl];
         entry.pending.push_back(PendingArg{arg, element, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()),
                                            impl, t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.dtype(),
                                            t.key_set()});
@@ -138,14 +232,14 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
 }
 
 // The bytes a pending argument's producer made in this launch, as a tensor of its geometry.
-at::Tensor resolve(const PendingArg& p) {
+at::Tensor resolve(Launch& launch, const PendingArg& p) {
   c10::Storage storage;
   if (auto alive = p.storage.lock()) {
     storage = c10::Storage(std::move(alive));
   }
   if (!storage || storage.data() == nullptr) {
-    auto found = g_produced.find(p.key);
-    if (found != g_produced.end()) {
+    auto found = launch.produced.find(p.key);
+    if (found != launch.produced.end()) {
       storage = found->second;
     }
   }
@@ -155,9 +249,9 @@ at::Tensor resolve(const PendingArg& p) {
   return on_storage(storage, p.keys, p.dtype, p.sizes, p.strides, p.offset);
 }
 
-void bind_pending(Entry& entry, torch::jit::Stack& stack) {
+void bind_pending(Launch& launch, Entry& entry, torch::jit::Stack& stack) {
   for (const PendingArg& p : entry.pending) {
-    at::Tensor t = resolve(p);
+    at::Tensor t = resolve(launch, p);
     if (p.element < 0) {
       stack[p.arg] = std::move(t);
     } else {
@@ -168,12 +262,12 @@ void bind_pending(Entry& entry, torch::jit::Stack& stack) {
 }
 
 // Its reads done, an entry lets go of what it read: the last reader frees a produced value.
-void release_pending(const Entry& entry) {
+void release_pending(Launch& launch, const Entry& entry) {
   for (const PendingArg& p : entry.pending) {
-    auto it = g_readers.find(p.key);
-    if (it != g_readers.end() && --it->second <= 0) {
-      g_readers.erase(it);
-      g_produced.erase(p.key);
+    auto it = launch.readers.find(p.key);
+    if (it != launch.readers.end() && --it->second <= 0) {
+      launch.readers.erase(it);
+      launch.produced.erase(p.key);
     }
   }
 }
@@ -216,25 +310,25 @@ void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& 
   into.copy_(result);
 }
 
-void run_entry(Entry& entry) {
+void run_entry(Launch& launch, Entry& entry) {
   const RouteBypass bypass;  // the eager path, not the engine again
   const c10::FunctionSchema& schema = entry.op.schema();
   torch::jit::Stack stack = std::move(entry.args);  // released when the op has run
-  bind_pending(entry, stack);
+  bind_pending(launch, entry, stack);
   entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
-  release_pending(entry);
+  release_pending(launch, entry);
   size_t out = 0;
   auto take = [&](const IValue& v) {
     const size_t k = out++;
     const c10::StorageImpl* key = entry.outputs[k]._unsafe_get_target();
-    const bool read_later = g_readers.count(key) > 0;
+    const bool read_later = launch.readers.count(key) > 0;
     if (auto target = entry.outputs[k].lock()) {
       fill(target, v.toTensor(), entry.plan->outputs[k], entry.op);
-      if (read_later) {
-        g_produced[key] = c10::Storage(std::move(target));
+      if (read_later) {  // the bytes, not the storage: its holders' use counts stay theirs
+        launch.produced[key] = c10::newStorageImplFromRefcountedDataPtr(c10::Storage(std::move(target)));
       }
     } else if (read_later) {  // nobody holds it but queued readers: the launch keeps its bytes
-      g_produced[key] = v.toTensor().storage();
+      launch.produced[key] = v.toTensor().storage();
     }
   };
   const auto& returns = schema.returns();
@@ -253,6 +347,25 @@ void run_entry(Entry& entry) {
     }
   }
 }
+
+// Runs a launch's ops in order as one launch on the clock; *failed says which one raised.
+int64_t run_launch(Launch& launch, int64_t* failed) {
+  if (launch.entries.empty()) {
+    return 0;
+  }
+  const c10::DeviceIndex device = launch.entries.front().plan->device;
+  FusedLaunch fused(device);  // one launch for them all, on the device's clock
+  for (size_t k = 0; k < launch.entries.size(); ++k) {
+    try {
+      run_entry(launch, launch.entries[k]);
+    } catch (...) {
+      *failed = static_cast<int64_t>(k);
+      throw;  // the entries after k are dropped: their outputs never get bytes
+    }
+  }
+  return static_cast<int64_t>(launch.entries.size());
+}
+
 
 }  // namespace
 
@@ -294,7 +407,7 @@ void sync_before_host_access() {
 }
 
 void run_before_eager() {
-  if (!t_bypass && !g_queue.empty() && g_host_sync) {
+  if (!t_bypass && (!g_queue.entries.empty() || g_worker->busy.load()) && g_host_sync) {
     g_host_sync();
   }
 }
@@ -372,37 +485,79 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   for (auto& v : returned) {
     stack->push_back(std::move(v));
   }
-  g_queue.push_back(std::move(entry));
+  g_queue.entries.push_back(std::move(entry));
   update_held();
 }
 
-int64_t queue_size() { return static_cast<int64_t>(g_queue.size()); }
+int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
 
 int64_t run_queue() {
-  std::vector<Entry> queue;
-  queue.swap(g_queue);
+  TORCH_CHECK(!g_worker->busy.load(), "internal error: run_queue with a launch on the device stream");
+  Launch launch;
+  std::swap(launch, g_queue);
   update_held();
-  if (queue.empty()) {
+  int64_t failed = -1;
+  try {
+    return run_launch(launch, &failed);
+  } catch (...) {
+    g_failed_index = failed;
+    throw;
+  }
+}
+
+bool submit_queue() {
+  TORCH_CHECK(!g_worker->busy.load(), "internal error: a launch is already on the device stream");
+  if (g_queue.entries.empty()) {
+    return false;
+  }
+  auto launch = std::make_unique<Launch>();
+  std::swap(*launch, g_queue);
+  update_held();
+  g_worker->submit(std::move(launch));
+  return true;
+}
+
+bool launch_in_flight() { return g_worker->busy.load(); }
+
+void wait_for_stream() {
+  if (g_worker->busy.load()) {
+    g_worker->wait_finished();
+  }
+}
+
+bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first) {
+  std::function<bool(const IValue&)> unmade = [&](const IValue& v) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      return t.defined() && t.device().type() == kNeuron && t.storage().data() == nullptr && t.storage().nbytes() > 0;
+    }
+    if (v.isList()) {
+      for (const IValue& e : v.toListRef()) {
+        if (unmade(e)) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  for (size_t i = first; i < stack.size(); ++i) {
+    if (unmade(stack[i])) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t finish_launch() {
+  if (!g_worker->busy.load()) {
     return 0;
   }
-  const c10::DeviceIndex device = queue.front().plan->device;
-  FusedLaunch launch(device);  // one launch for them all, on the device's clock
-  g_failed_index = -1;
-  struct Forget {  // what the launch kept for its readers goes with it, error or not
-    ~Forget() {
-      g_readers.clear();
-      g_produced.clear();
-    }
-  } forget;
-  for (size_t k = 0; k < queue.size(); ++k) {
-    try {
-      run_entry(queue[k]);
-    } catch (...) {
-      g_failed_index = static_cast<int64_t>(k);
-      throw;  // the entries after k are dropped: their outputs never get bytes
-    }
+  Outcome outcome = g_worker->collect();
+  if (outcome.error) {
+    g_failed_index = outcome.failed;
+    std::rethrow_exception(outcome.error);
   }
-  return static_cast<int64_t>(queue.size());
+  return outcome.ran;
 }
 
 int64_t failed_index() { return g_failed_index; }

@@ -15,6 +15,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/extension.h>
 
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -23,6 +24,27 @@ namespace {
 using c10::IValue;
 
 py::object* g_run_eager = nullptr;  // leaked: must outlive interpreter shutdown
+
+// Note [One issuer at a time]: the engine decides under its own lock, but queues the op here,
+// after that lock is let go, and waiting for the device stream lets go of the GIL as well.
+// Between the two another thread could complete the trace and launch the queue without this
+// op, whose results are already handed out. So each thread's whole call (the engine's
+// answer, then the action and `after`) holds this lock; recursive, for the engine's own ops.
+std::recursive_mutex& g_issue = *new std::recursive_mutex;  // leaked, as g_run_eager
+
+struct IssueLock {
+  std::unique_lock<std::recursive_mutex> held{g_issue, std::try_to_lock};
+  IssueLock() {
+    if (!held.owns_lock()) {  // another thread issues: wait without the GIL, which it may need
+      if (PyGILState_Check()) {
+        py::gil_scoped_release released;
+        held.lock();
+      } else {
+        held.lock();
+      }
+    }
+  }
+};
 
 py::object to_python(const c10::Argument& arg, const IValue& v) {
   if (v.isNone()) {
@@ -110,6 +132,7 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
   if (!Py_IsInitialized()) {
     return false;
   }
+  const IssueLock issuing;  // before the GIL: Note [One issuer at a time]
   py::gil_scoped_acquire gil;
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -134,6 +157,11 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
     return true;
   }
   if (py::isinstance<neuron::DeferPlan>(out)) {
+    if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
+      // An output of the launch on the stream, perhaps: capture it once that launch made it.
+      py::gil_scoped_release released;
+      neuron::wait_for_stream();
+    }
     neuron::enqueue(op, stack, out.cast<std::shared_ptr<neuron::DeferPlan>>());
     if (after) {
       after();
@@ -272,6 +300,10 @@ void bind_route(py::module_& m) {
   m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
   m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
   m.def("queue_size", &neuron::queue_size);
+  m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
+  m.def("launch_in_flight", &neuron::launch_in_flight);
+  m.def("finish_launch", &neuron::finish_launch, py::call_guard<py::gil_scoped_release>(),
+        "wait for the launch on the stream; raises its op's error");
   m.def("failed_index", &neuron::failed_index, "the queue entry whose op failed in the last run_queue");
   m.def("set_failure", &neuron::set_failure, py::arg("message"), py::arg("type"), py::arg("waiting"));
 }
