@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from device import native
 from dispatch import CONTEXT
 
 from .mode import SWITCH
@@ -51,9 +52,10 @@ def stats(device=None, *, wait: bool = True) -> Stats:
         indices = [runtime.check_index(index)]
     devs = [runtime.devices[i] for i in indices]
     counters = [d.counters for d in devs]  # one read of the C++ clock per device
-    # Native tensors never enter Python: every op they issue is one the eager path ran.
-    ops = (sum(c.kernel_ops for c in counters) if runtime.config.native_tensors
-           else sum(CONTEXT.ops[i] for i in indices))
+    # Native tensors' ops are counted in C++ as they run; those the engine still holds back
+    # in its queue were issued too (on the wrapper, CONTEXT.ops counts ops as issued).
+    ops = (sum(c.kernel_ops for c in counters) + sum(native.queued_ops(i) for i in indices)
+           if runtime.config.native_tensors else sum(CONTEXT.ops[i] for i in indices))
     return Stats(
         ops=ops,
         launches=sum(c.launches for c in counters),

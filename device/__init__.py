@@ -4,7 +4,7 @@ This layer knows nothing of PyTorch dispatch or of traces; `dispatch/` and
 `adaptive_eager/` sit above it.
 """
 from .config import DeviceConfig, parse_size
-from .errors import NeuronConfigError, NeuronDeviceError
+from .errors import NeuronConfigError, NeuronDeviceError, NeuronDeviceIndexError
 from .memory import DeviceMemory, format_bytes
 from .profiles import PROFILES, DeviceProfile
 from .runtime import DEFAULT_SEED, Counters, NeuronDevice, Runtime
@@ -22,6 +22,6 @@ def get_runtime() -> Runtime:
 
 __all__ = [
     "DEFAULT_SEED", "PROFILES", "Counters", "DeviceConfig", "DeviceMemory", "DeviceProfile",
-    "NeuronConfigError", "NeuronDevice", "NeuronDeviceError", "Runtime", "format_bytes",
+    "NeuronConfigError", "NeuronDevice", "NeuronDeviceError", "NeuronDeviceIndexError", "Runtime", "format_bytes",
     "get_runtime", "parse_size",
 ]

@@ -54,6 +54,7 @@ forget_producers = _C.forget_producers
 set_bypass = _C.set_bypass
 run_queue = _C.run_queue
 queue_size = _C.queue_size
+queued_ops = _C.queued_ops
 submit_queue = _C.submit_queue
 launch_in_flight = _C.launch_in_flight
 finish_launch = _C.finish_launch

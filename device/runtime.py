@@ -19,7 +19,7 @@ import torch
 from . import native
 from .config import DeviceConfig
 from .cost import CostModel
-from .errors import NeuronDeviceError
+from .errors import NeuronDeviceIndexError
 from .memory import DeviceMemory
 from .profiling import mark_device_time, profiler_enabled
 
@@ -92,7 +92,7 @@ class Runtime:
         if index is None or index == -1:
             return self.current_index
         if not 0 <= index < len(self.devices):
-            raise NeuronDeviceError(
+            raise NeuronDeviceIndexError(
                 f"Invalid device: neuron:{index}. The device index is out of range; it must be in "
                 f"[0, {len(self.devices)}) on this {self.config.profile.name} configuration "
                 f"(set NEURON_NUM_DEVICES or NEURON_LOGICAL_NC_CONFIG for more devices).")

@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import flop_registry
 
+import adaptive_eager
 from dispatch.kernels import _shape_flop_formula, _shape_of
+from neuron_tensors import NATIVE
 
 aten = torch.ops.aten
 
@@ -38,6 +40,7 @@ def test_ops_without_a_formula_have_none():
     assert _shape_flop_formula(aten.add.Tensor) is None
 
 
+@pytest.mark.skipif(NATIVE, reason="the wrapper's Python cost model; native tensors: the test below")
 def test_addmm_on_neuron_charges_the_cost_model_its_flops(monkeypatch):
     from dispatch import CONTEXT
 
@@ -50,3 +53,51 @@ def test_addmm_on_neuron_charges_the_cost_model_its_flops(monkeypatch):
     seen.clear()
     torch.addmm(bias, a, b)
     assert seen == [2 * 4 * 5 * 8]
+
+
+# Shapes large enough that each op is compute-bound in the cost model, so the time it is
+# charged says how many FLOPs it was counted (memory-bound, any count would price the same).
+BIG = {
+    "mm": (aten.mm.default, lambda: (torch.randn(1024, 1024), torch.randn(1024, 1024))),
+    "addmm": (aten.addmm.default, lambda: (torch.randn(1024), torch.randn(1024, 1024), torch.randn(1024, 1024))),
+    "bmm": (aten.bmm.default, lambda: (torch.randn(2, 1024, 1024), torch.randn(2, 1024, 1024))),
+    "baddbmm": (aten.baddbmm.default,
+                lambda: (torch.randn(2, 1024, 1024), torch.randn(2, 1024, 1024), torch.randn(2, 1024, 1024))),
+    "convolution": (aten.convolution.default,
+                    lambda: (torch.randn(8, 64, 16, 16), torch.randn(64, 64, 3, 3), None,
+                             [1, 1], [1, 1], [1, 1], False, [0, 0], 1)),
+    "conv_transpose": (aten.convolution.default,
+                       lambda: (torch.randn(8, 64, 16, 16), torch.randn(64, 64, 3, 3), None,
+                                [1, 1], [1, 1], [1, 1], True, [0, 0], 1)),
+    "convolution_backward": (aten.convolution_backward.default,
+                             lambda: (torch.randn(8, 64, 16, 16), torch.randn(8, 64, 16, 16),
+                                      torch.randn(64, 64, 3, 3), None, [1, 1], [1, 1], [1, 1], False,
+                                      [0, 0], 1, [True, True, False])),
+}
+
+
+def _on_neuron(a):
+    return a.to("neuron") if isinstance(a, torch.Tensor) else a
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C++ eager path of native tensors")
+@pytest.mark.parametrize("name", sorted(BIG))
+def test_the_cpp_eager_path_charges_torchs_flop_count(name):
+    from dispatch import CONTEXT
+
+    op, make = BIG[name]
+    args = make()
+    out = op(*args)
+    flops = flop_registry[op._overloadpacket](*args, out_val=out)
+    cost = CONTEXT.runtime.cost
+    compute_us = flops * cost.us_per_flop(torch.float32)
+    nbytes = sum(t.numel() * t.element_size() for t in (*args, *(out if isinstance(out, tuple) else (out,)))
+                 if isinstance(t, torch.Tensor))
+    assert compute_us > 2 * nbytes * cost.us_per_byte  # compute-bound: else the test could not fail
+    on_neuron = [_on_neuron(a) for a in args]
+    with adaptive_eager.mode("eager"):
+        adaptive_eager.reset_stats()
+        op(*on_neuron)
+        s = adaptive_eager.stats()
+    assert s.launches == 1
+    assert s.device_time_us - s.launch_overhead_us == pytest.approx(compute_us, rel=1e-9)

@@ -53,11 +53,58 @@ double us_per_flop(at::ScalarType t) {
   return it == g_us_per_flop.end() ? g_default_us_per_flop : it->second;
 }
 
-// FLOPs of the matmul family, as torch.utils.flop_counter counts them; 0 for other ops
-// (priced by the bytes they move).
-double matmul_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in) {
+// FLOPs as torch.utils.flop_counter counts them, for the ops that do most of a model's math
+// (the matmul family and convolutions); 0 for other ops, priced by the bytes they move.
+// `in` are the neuron inputs in argument order, `out` the results; a convolution's flags are
+// read from its arguments before it runs (ConvFlags).
+struct ConvFlags {
+  bool transposed = false;
+  bool grad_input = false, grad_weight = false;  // convolution_backward's output_mask
+};
+
+ConvFlags conv_flags(const c10::OperatorName& name, const torch::jit::Stack& stack, size_t first) {
+  ConvFlags f;
+  if (name.name == "aten::convolution") {
+    f.transposed = stack[first + 6].toBool();
+  } else if (name.name == "aten::convolution_backward") {
+    f.transposed = stack[first + 7].toBool();
+    const auto mask = stack[first + 10].toBoolList();
+    f.grad_input = mask.get(0);
+    f.grad_weight = mask.get(1);
+  }
+  return f;
+}
+
+// torch's conv_flop_count: 2 * batch * c_out * c_in * prod(filter) * prod(spatial), the
+// spatial size being the output's (the input's, transposed).
+double conv_flop_count(c10::IntArrayRef x, c10::IntArrayRef w, c10::IntArrayRef out, bool transposed) {
+  if (x.size() < 3 || w.size() != x.size() || out.size() != x.size()) {
+    return 0;
+  }
+  double flops = 2.0 * static_cast<double>(x[0]) * static_cast<double>(w[0]) * static_cast<double>(w[1]);
+  const c10::IntArrayRef spatial = transposed ? x : out;
+  for (size_t i = 2; i < x.size(); ++i) {
+    flops *= static_cast<double>(w[i]) * static_cast<double>(spatial[i]);
+  }
+  return flops;
+}
+
+std::vector<int64_t> swap01(c10::IntArrayRef s) {  // torch's t(shape): channels before batch
+  std::vector<int64_t> v(s.begin(), s.end());
+  if (v.size() >= 2) {
+    std::swap(v[0], v[1]);
+  }
+  return v;
+}
+
+double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in, const ConvFlags& conv,
+                const IValue* out, size_t num_out) {
   const std::string& n = name.name;
   auto dims = [&](size_t i) { return in.size() > i ? in[i].sizes() : c10::IntArrayRef(); };
+  auto out_dims = [&](size_t i) {
+    return i < num_out && out[i].isTensor() && out[i].toTensor().defined() ? out[i].toTensor().sizes()
+                                                                            : c10::IntArrayRef();
+  };
   if (n == "aten::mm" || n == "aten::addmm") {
     const size_t a = n == "aten::mm" ? 0 : 1;
     if (dims(a).size() == 2 && dims(a + 1).size() == 2) {
@@ -68,6 +115,19 @@ double matmul_flops(const c10::OperatorName& name, const std::vector<at::Tensor>
     if (dims(a).size() == 3 && dims(a + 1).size() == 3) {
       return 2.0 * dims(a)[0] * dims(a)[1] * dims(a)[2] * dims(a + 1)[2];
     }
+  } else if (n == "aten::convolution") {  // (input, weight, bias?): all neuron tensors
+    return conv_flop_count(dims(0), dims(1), out_dims(0), conv.transposed);
+  } else if (n == "aten::convolution_backward") {  // (grad_output, input, weight)
+    double flops = 0;
+    if (conv.grad_input) {
+      flops += conv_flop_count(dims(0), dims(2), out_dims(0), !conv.transposed);
+    }
+    if (conv.grad_weight && !out_dims(1).empty()) {
+      const auto gw = swap01(out_dims(1));
+      flops += conv.transposed ? conv_flop_count(swap01(dims(0)), swap01(dims(1)), gw, false)
+                               : conv_flop_count(swap01(dims(1)), swap01(dims(0)), gw, false);
+    }
+    return flops;
   }
   return 0;
 }
@@ -376,6 +436,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     lent = std::make_unique<DefaultGeneratorLent>(host_generator(default_generator(d)));
   }
 
+  const ConvFlags conv = conv_flags(name, *stack, first);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   lent.reset();
 
@@ -396,7 +457,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     IValue& v = (*stack)[results + i];
     v = call.result_from_host(std::move(v), result_device, &out_bytes);
   }
-  const double flops = matmul_flops(name, call.aliases);
+  const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
   launch(d, roofline_us(flops, call.in_bytes + out_bytes, call.dtype.value_or(at::kFloat)), 1);
 }
 

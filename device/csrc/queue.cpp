@@ -491,6 +491,14 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
 
 int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
 
+int64_t queued_ops(c10::DeviceIndex device) {
+  int64_t n = 0;
+  for (const Entry& e : g_queue.entries) {
+    n += e.plan->device == device ? 1 : 0;
+  }
+  return n;
+}
+
 int64_t run_queue() {
   TORCH_CHECK(!g_worker->busy.load(), "internal error: run_queue with a launch on the device stream");
   Launch launch;

@@ -300,6 +300,7 @@ void bind_route(py::module_& m) {
   m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
   m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
   m.def("queue_size", &neuron::queue_size);
+  m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
   m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
   m.def("launch_in_flight", &neuron::launch_in_flight);
   m.def("finish_launch", &neuron::finish_launch, py::call_guard<py::gil_scoped_release>(),
