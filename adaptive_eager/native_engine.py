@@ -25,12 +25,12 @@ from __future__ import annotations
 import torch
 
 from device import native, stream
-from device.profiling import profiler_enabled
+from device.profiling import mark_device_time, profiler_enabled
 from dispatch import classify
 from dispatch.record import OpRecord, Slot, user_source_line
 
 from .compile import compile_matcher
-from .engine import _NO_MATCH, AdaptiveExecutor
+from .engine import _NO_MATCH, AdaptiveExecutor, _fused_range
 from .pending import Pending, launch_error
 from .trace import OpProto, output_slots, written_inputs
 
@@ -75,11 +75,11 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
     def read(self, t):
         raise AssertionError("native neuron tensors are read by the C++ eager path, not the engine")
 
-    def _host_sync(self) -> None:
+    def _host_sync(self, reason: str = "host read") -> None:
         """A host access (a copy to or from the host, item(), resize_): a sync point, and a
         cut of the stream as a sync op is (Note [Sync points])."""
         with self._lock:
-            self._flush("host read")
+            self._flush(reason)
             if self._steady < self._pause_after:
                 self._advance(_HOST_ACCESS, ())
             else:
@@ -173,7 +173,7 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
             return
         start = p.done
         try:
-            n = native.run_queue()
+            n = native.run_queue() if not profiler_enabled() else _run_queue_profiled(p)
         except Exception as exc:  # an op's own error: raised at the next sync point
             k = start + max(native.failed_index(), 0)
             self.error = launch_error(p.trace, k, exc)
@@ -258,6 +258,17 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
         if proto is None:
             proto = self.protos[rec.signature] = build_native_proto(info, rec, out, args, kwargs)
         return proto
+
+
+def _run_queue_profiled(p: Pending) -> int:
+    """run_queue() inside the launch's fused range, its device time nested at the end, as
+    the wrapper engine's _launch_profiled (Note [Profiler ranges])."""
+    with _fused_range(p):
+        try:
+            return native.run_queue()
+        finally:  # a failed launch still ran (and charged) the ops before the failing one
+            device_us, ops = native.last_fused_launch()
+            mark_device_time(device_us, ops=ops, device=p.trace.device)
 
 
 def _may_use_stream(trace) -> bool:

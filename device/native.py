@@ -55,6 +55,7 @@ set_bypass = _C.set_bypass
 run_queue = _C.run_queue
 queue_size = _C.queue_size
 queued_ops = _C.queued_ops
+last_fused_launch = _C.last_fused_launch
 submit_queue = _C.submit_queue
 launch_in_flight = _C.launch_in_flight
 finish_launch = _C.finish_launch

@@ -79,12 +79,19 @@ double launch(c10::DeviceIndex d, double op_us, int64_t num_ops) {
 
 FusedLaunch::FusedLaunch(c10::DeviceIndex d) : device(d), previous(t_fused) { t_fused = this; }
 
+thread_local std::pair<double, int64_t> t_last_fused{0, 0};
+
 FusedLaunch::~FusedLaunch() {
   t_fused = previous;
+  t_last_fused = {0, num_ops};
   if (num_ops > 0) {  // the ops that ran, a failed launch's included
-    launch(device, op_us, num_ops);
+    t_last_fused.first = launch(device, op_us, num_ops);
   }
 }
+
+bool in_fused_launch() { return t_fused != nullptr; }
+
+std::pair<double, int64_t> last_fused_launch() { return t_last_fused; }
 
 void transfer(c10::DeviceIndex d, int64_t nbytes, double us) {
   std::lock_guard<std::mutex> guard(g_lock);

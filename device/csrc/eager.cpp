@@ -32,6 +32,7 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <optional>
 #include <typeinfo>
 #include <unordered_map>
 #include <utility>
@@ -437,6 +438,10 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   const ConvFlags conv = conv_flags(name, *stack, first);
+  std::optional<Range> range;  // an eager launch's own range; a fused launch's ops have none
+  if (profiling() && !in_fused_launch()) {
+    range.emplace("neuron::" + name.name);
+  }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   lent.reset();
 
@@ -458,7 +463,10 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = call.result_from_host(std::move(v), result_device, &out_bytes);
   }
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
-  launch(d, roofline_us(flops, call.in_bytes + out_bytes, call.dtype.value_or(at::kFloat)), 1);
+  const double us = launch(d, roofline_us(flops, call.in_bytes + out_bytes, call.dtype.value_or(at::kFloat)), 1);
+  if (range) {
+    mark_device_time(us, "ops", 1, d);
+  }
 }
 
 // -- the kernels every backend must have: allocation, views, copies ---------------------------
@@ -550,6 +558,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // bytes only dst holds (`.to('neuron')` right after its allocation) waits for nothing.
     sync_before_host_access();
   }
+  const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
+  std::optional<Range> range;
+  if (profiling() && !(within_device && in_fused_launch())) {
+    range.emplace(within_device ? "neuron::aten::copy_" : transfer_range_name(src_neuron, dst_neuron));
+  }
   at::Tensor src_host = src_neuron ? host_alias(self) : self;
   // One alias storage for both when they share one (Note: overlap is found by storage identity).
   at::Tensor dst_host = !dst_neuron ? dst
@@ -557,11 +570,17 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                                                                                  : host_alias(dst);
   dst_host.copy_(src_host, non_blocking);
   const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
-  if (src_neuron && dst_neuron && self.device() == dst.device()) {
-    launch(dst.device().index(), roofline_us(0, 2 * nbytes, dst.scalar_type()), 1);
+  if (within_device) {
+    const double us = launch(dst.device().index(), roofline_us(0, 2 * nbytes, dst.scalar_type()), 1);
+    if (range) {
+      mark_device_time(us, "ops", 1, dst.device().index());
+    }
   } else {
     const DeviceIndex d = dst_neuron ? dst.device().index() : self.device().index();
     transfer(d, static_cast<int64_t>(nbytes), nbytes * g_us_per_byte);
+    if (range) {
+      mark_device_time(nbytes * g_us_per_byte, "bytes", static_cast<int64_t>(nbytes), d);
+    }
   }
   return dst;
 }
@@ -572,9 +591,17 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
-  sync_before_host_access();
+  sync_before_host_access("sync: aten._local_scalar_dense.default");  // the wrapper's sync op name
+  std::optional<Range> range;
+  if (profiling()) {
+    range.emplace(transfer_range_name(true, false));
+  }
   const at::Tensor host = self.device().type() == kNeuron ? host_alias(self) : self;
-  transfer(self.device().index(), static_cast<int64_t>(self.element_size()), self.element_size() * g_us_per_byte);
+  const double us = self.element_size() * g_us_per_byte;
+  transfer(self.device().index(), static_cast<int64_t>(self.element_size()), us);
+  if (range) {
+    mark_device_time(us, "bytes", static_cast<int64_t>(self.element_size()), self.device().index());
+  }
   return at::_local_scalar_dense(host);
 }
 

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -16,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -92,6 +94,27 @@ struct FusedLaunch {
   double op_us = 0;
   int64_t num_ops = 0;
 };
+// ranges.cpp: profiler ranges (Note [Profiler ranges] in device/profiling.py).
+bool profiling();  // a torch profiler records now; ask before building a Range
+class Range {  // one named range while it lives (nothing if no profiler records)
+ public:
+  explicit Range(std::string name, const std::unordered_map<std::string, c10::IValue>& args = {});
+  Range(const Range&) = delete;
+  Range& operator=(const Range&) = delete;
+
+ private:
+  std::string name_;
+  at::RecordFunction record_;
+};
+const char* transfer_range_name(bool src_on_device, bool dst_on_device);
+// The nested `neuron::device_time` range closing a launch (what="ops") or transfer ("bytes").
+void mark_device_time(double device_us, const char* what, int64_t count, c10::DeviceIndex device);
+// Whether this thread runs a fused launch now (its ops get no ranges of their own).
+bool in_fused_launch();
+// What the last fused launch that ended on this thread charged: (device µs, overhead
+// included; the ops that ran and were charged, a failed launch's included).
+std::pair<double, int64_t> last_fused_launch();
+
 struct Counters {
   int64_t launches = 0;
   int64_t kernel_ops = 0;  // ops run inside launches (a fused launch holds many)
@@ -151,8 +174,9 @@ struct RouteBypass {
 };
 bool set_bypass(bool bypass);  // returns the previous setting
 // What a host access runs first while the engine is attached or ops are queued: its flush.
-void set_host_sync(std::function<void()> sync);
-void sync_before_host_access();
+void set_host_sync(std::function<void(const char* reason)> sync);
+// reason names the sync point in profiler ranges (`neuron::sync[<reason>]`).
+void sync_before_host_access(const char* reason = "host read");
 // Launches what is queued before an op runs on the eager path (nothing, when the engine kept
 // its rule of flushing first).
 void run_before_eager();

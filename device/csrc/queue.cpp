@@ -175,7 +175,7 @@ std::string g_failure;  // the error of the launch that left values uncomputed
 std::string g_failure_type;  // its Python type's name
 int64_t g_failed_index = -1;
 OpRoute g_route;
-std::function<void()> g_host_sync;
+std::function<void(const char*)> g_host_sync;
 thread_local bool t_bypass = false;
 
 void update_held() { g_held.store(!g_queue.entries.empty() || g_error_waiting); }
@@ -395,20 +395,20 @@ bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return false;
 }
 
-void set_host_sync(std::function<void()> sync) { g_host_sync = std::move(sync); }
+void set_host_sync(std::function<void(const char*)> sync) { g_host_sync = std::move(sync); }
 
-void sync_before_host_access() {
+void sync_before_host_access(const char* reason) {
   // While the engine is attached it sees every host access, queued ops or not: each one is a
   // sync point that cuts its traces, whether or not anything waits at this moment.
   if (t_bypass || !g_host_sync || !(g_route || g_held.load(std::memory_order_relaxed))) {
     return;
   }
-  g_host_sync();
+  g_host_sync(reason);
 }
 
 void run_before_eager() {
   if (!t_bypass && (!g_queue.entries.empty() || g_worker->busy.load()) && g_host_sync) {
-    g_host_sync();
+    g_host_sync("host read");
   }
 }
 

@@ -255,12 +255,12 @@ void set_engine(py::object engine) {
 
 void set_host_sync(py::object sync) {
   auto* held = new py::object(std::move(sync));
-  neuron::set_host_sync([held]() {
+  neuron::set_host_sync([held](const char* reason) {
     if (!Py_IsInitialized()) {
       return;
     }
     py::gil_scoped_acquire gil;
-    (*held)();
+    (*held)(reason);
   });
 }
 
@@ -296,10 +296,12 @@ void bind_route(py::module_& m) {
   m.def("producer_of", &producer_of, "(position, slot) of the recorded op that last wrote t, or None");
   m.def("forget_producers", []() { g_producers.clear(); });
   m.def("offer", &offer, "a Python kernel's call, offered to the route: (handled, result)");
-  m.def("set_host_sync", &set_host_sync, "fn() runs before a host access while ops are queued");
+  m.def("set_host_sync", &set_host_sync, "fn(reason) runs before a host access while ops are queued");
   m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
   m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
   m.def("queue_size", &neuron::queue_size);
+  m.def("last_fused_launch", &neuron::last_fused_launch,
+        "(device µs, ops) the last fused launch that ended on this thread charged (its profiler mark)");
   m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
   m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
   m.def("launch_in_flight", &neuron::launch_in_flight);
