@@ -143,6 +143,10 @@ def unflatten(data: torch.Tensor, device_index: int) -> NeuronTensor:
 # -- the `neuron` backend ----------------------------------------------------------------------
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs):
     """Dynamo backend: AOTAutograd splits forward and backward; each graph runs as one launch."""
+    if CONTEXT.runtime.config.native_tensors:  # real PrivateUse1 tensors: compile_native.py
+        from .compile_native import native_backend
+
+        return native_backend(gm, example_inputs)
     device = _graph_device(example_inputs)
     if device is None:  # nothing on neuron: a plain host graph, run as it is
         return gm.forward

@@ -18,12 +18,14 @@ import pytest
 import torch
 import torch._dynamo
 import torch._dynamo.testing
+import torch._inductor.exc
 from torch import nn
 
 import adaptive_eager
 from dispatch import CONTEXT
 from dispatch.compile_backend import neuron_backend
-from dispatch.tensor import NeuronTensor
+from device import native
+from neuron_tensors import NATIVE, is_neuron_tensor
 from subproc import SUBPROCESS_TIMEOUT_S
 
 
@@ -36,10 +38,15 @@ def _fresh_dynamo():
 
 
 class LaunchLog:
-    """Every Runtime.launch as (device index, num_ops), while installed."""
+    """Every launch as (device index, num_ops), while installed: Runtime.launch's calls on
+    the wrapper, the C++ clock's launch log on native tensors."""
 
     def __init__(self, monkeypatch):
         self.calls: list[tuple[int, int]] = []
+        if NATIVE:
+            native.set_launch_log(True)
+            monkeypatch.setattr(self, "take", self._take_native)
+            return
         real = CONTEXT.runtime.launch
 
         def launch(index, cost_us, num_ops=1):
@@ -52,6 +59,13 @@ class LaunchLog:
         calls, self.calls = self.calls, []
         return calls
 
+    def _take_native(self) -> list[tuple[int, int]]:
+        return [tuple(c) for c in native.take_launch_log()]
+
+    def close(self) -> None:
+        if NATIVE:
+            native.set_launch_log(False)
+
     def graph_launches(self) -> list[int]:
         """num_ops of the launches since the last take that ran more than one op, then take."""
         return [n for _, n in self.take() if n > 1]
@@ -59,7 +73,9 @@ class LaunchLog:
 
 @pytest.fixture
 def launches(monkeypatch):
-    return LaunchLog(monkeypatch)
+    log = LaunchLog(monkeypatch)
+    yield log
+    log.close()
 
 
 def mlp() -> nn.Module:
@@ -107,10 +123,10 @@ def test_mlp_forward_and_backward_each_run_as_one_launch_with_eager_values(launc
         for _ in range(2):  # gradients accumulate over both calls, as in the compiled loop
             expected = ref(x)
             expected.sum().backward()
-    assert type(out) is NeuronTensor and out.device == torch.device("neuron:0")
+    assert is_neuron_tensor(out)
     torch.testing.assert_close(out.cpu(), expected.cpu())
     for p, q in zip(model.parameters(), ref.parameters()):
-        assert type(p.grad) is NeuronTensor
+        assert is_neuron_tensor(p.grad)
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
@@ -126,7 +142,8 @@ def test_compiled_launch_is_counted_by_stats_with_the_graph_ops():
     s = adaptive_eager.stats()
     assert s.launches == 1
     assert s.kernel_ops >= 3  # addmm, relu, addmm (plus views): one launch holds them all
-    assert s.ops == 0  # no op went through per-op dispatch
+    if not NATIVE:  # (native: ops are the ones the device ran, here the graph's)
+        assert s.ops == 0  # no op went through per-op dispatch
     assert s.device_time_us > s.launch_overhead_us  # the graph's roofline cost was charged
 
 
@@ -200,6 +217,13 @@ def test_adamw_training_in_adaptive_mode_matches_uncompiled(cls):
     assert got[-1] < got[0]  # it trained
 
 
+def _still_held_back(t) -> bool:
+    """t is the output of an op the adaptive engine has not launched yet."""
+    if NATIVE:
+        return t.data_ptr() == 0  # a deferred output's bytes are made when its launch runs
+    return t._data is None and t._cell.data is None
+
+
 def test_compiled_call_sees_values_the_adaptive_engine_still_holds_back():
     """A compiled call is a sync point: inputs produced, or written in place, by ops of a
     pending fused launch have their current values (Note [Compiled graphs]). The loop is
@@ -214,7 +238,7 @@ def test_compiled_call_sees_values_the_adaptive_engine_still_holds_back():
         u = t.exp()
         p.add_(1)  # an in-place write to a tensor whose `_data` exists: may still be pending
         if i == 11:
-            assert u._data is None and u._cell.data is None, "u was computed already: the test exercises nothing"
+            assert _still_held_back(u), "u was computed already: the test exercises nothing"
             out = f(u, p)
         else:
             out = u * 3 + p
@@ -277,6 +301,9 @@ def test_dropout_in_a_compiled_graph_draws_from_the_device_generator():
     assert torch.equal(torch.default_generator.get_state(), cpu_state)  # the CPU generator untouched
 
 
+@pytest.mark.xfail(NATIVE, strict=True, raises=torch._inductor.exc.InductorError,
+                   reason="inductor has no codegen or device interface registered for 'neuron' on native "
+                          "tensors yet (KeyError: 'neuron'); backend='neuron' compiles them")
 def test_inductor_on_neuron_inputs_returns_neuron_tensors():
     torch.manual_seed(0)
     ref = mlp().to("neuron")
@@ -284,13 +311,13 @@ def test_inductor_on_neuron_inputs_returns_neuron_tensors():
     compiled = torch.compile(model)  # the default backend: inductor
     x = torch.randn(5, 8, device="neuron")
     out = compiled(x)
-    assert type(out) is NeuronTensor and out.device == torch.device("neuron:0")
+    assert is_neuron_tensor(out)
     out.sum().backward()
     expected = ref(x)
     expected.sum().backward()
     torch.testing.assert_close(out.cpu(), expected.cpu())
     for p, q in zip(model.parameters(), ref.parameters()):
-        assert type(p.grad) is NeuronTensor
+        assert is_neuron_tensor(p.grad)
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
@@ -329,6 +356,7 @@ def test_compile_with_structured_trace_logging_on_runs_the_graphs_as_launches(st
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
+@pytest.mark.skipif(NATIVE, reason="the wrapper's tracing wrappers; native tensors trace as fake PrivateUse1 tensors")
 def test_a_traced_neuron_tensor_prints_without_reading_its_value():
     """AOTAutograd's structured log repr()s the tensors it traces with: fake data, no value."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -381,12 +409,13 @@ def test_host_copies_and_device_factories_inside_a_graph(launches):
         a = torch.ones(2, device="neuron")
         launches.take()
         r = factory(a)
-        assert launches.graph_launches() == [3]  # ones, its copy and add: compiled, one launch
-    assert type(r) is NeuronTensor and r.device == torch.device("neuron:0")
+        # ones, (on the wrapper) its copy to the graph's host tensors, and add: one launch
+        assert launches.graph_launches() == [2 if NATIVE else 3]
+    assert is_neuron_tensor(r)
     assert torch.equal(r.cpu(), torch.full((2,), 2.0))
     made = torch.compile(lambda a: (a * 2, torch.zeros(3, device=a.device)), backend="neuron")
     doubled, zeros = made(torch.ones(2, device="neuron"))  # a factory the graph returns
-    assert type(zeros) is NeuronTensor and zeros.device == torch.device("neuron:0")
+    assert is_neuron_tensor(zeros)
     assert torch.equal(zeros.cpu(), torch.zeros(3)) and torch.equal(doubled.cpu(), torch.full((2,), 2.0))
 
 

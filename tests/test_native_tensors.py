@@ -26,7 +26,10 @@ def test_native_tensor_suite_passes_in_a_process_of_its_own():
          # adaptive mode on native tensors (adaptive_eager/native_engine.py)
          os.path.join(TESTS, "test_adaptive.py"), os.path.join(TESTS, "test_adaptive_semantics.py"),
          os.path.join(TESTS, "test_adaptive_random.py"), os.path.join(TESTS, "test_training.py"),
-         os.path.join(TESTS, "test_stream.py")],
+         os.path.join(TESTS, "test_stream.py"),
+         # what the wrapper's tests pin, on native tensors too (toward native as the default)
+         os.path.join(TESTS, "test_compile.py"), os.path.join(TESTS, "test_profiler.py"),
+         os.path.join(TESTS, "test_op_cost.py"), os.path.join(TESTS, "test_tensors.py")],
         env=child_env({"NEURON_TENSORS": "native"}), capture_output=True, text=True,
         timeout=SUBPROCESS_TIMEOUT_S, cwd=os.path.dirname(TESTS))
     tail = "\n".join(proc.stdout.splitlines()[-60:])

@@ -22,6 +22,10 @@ std::vector<Counters> g_counters;  // sized once, at install
 double g_launch_overhead_us = 0;
 std::atomic<bool> g_spend_overhead{false};
 thread_local FusedLaunch* t_fused = nullptr;
+// While on, every launch as (device, ops): for tests that ask how ops were grouped into
+// launches (a compiled graph's, say), which the counters' sums cannot say.
+std::atomic<bool> g_logging{false};
+std::vector<std::pair<int64_t, int64_t>> g_log;
 
 Counters& counters_of(c10::DeviceIndex d) {
   TORCH_CHECK(d >= 0 && static_cast<size_t>(d) < g_counters.size(),
@@ -59,6 +63,9 @@ double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t
     Counters& c = counters_of(d);
     c.launches += 1;
     c.kernel_ops += num_ops;
+    if (g_logging.load(std::memory_order_relaxed)) {
+      g_log.emplace_back(d, num_ops);
+    }
     c.device_time_us += total;
     c.launch_overhead_us += overhead;
   }
@@ -111,6 +118,19 @@ void refund(c10::DeviceIndex d, double op_us, int64_t num_ops) {
 Counters counters(c10::DeviceIndex d) {
   std::lock_guard<std::mutex> guard(g_lock);
   return counters_of(d);
+}
+
+void set_launch_log(bool on) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  g_logging.store(on);
+  g_log.clear();
+}
+
+std::vector<std::pair<int64_t, int64_t>> take_launch_log() {
+  std::lock_guard<std::mutex> guard(g_lock);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.swap(g_log);
+  return out;
 }
 
 void reset_counters() {

@@ -4,6 +4,8 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
 
+#include <memory>
+
 void bind_route(py::module_& m);  // route.cpp
 
 namespace {
@@ -96,6 +98,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("counters", &counters, "(launches, kernel_ops, transfers, transfer_bytes, device_time_us, launch_overhead_us)");
   m.def("reset_counters", &neuron::reset_counters);
   m.def("set_spend_overhead", &neuron::set_spend_overhead);
+  m.def("set_launch_log", &neuron::set_launch_log, "on: record each launch's (device, ops); clears the log");
+  m.def("take_launch_log", &neuron::take_launch_log, "the launches recorded since the last take, in order");
+  // `with FusedLaunch(d):` the launches this thread makes are one launch (a compiled graph's)
+  struct ScopedFusedLaunch {
+    c10::DeviceIndex device;
+    std::unique_ptr<neuron::FusedLaunch> live;
+  };
+  py::class_<ScopedFusedLaunch>(m, "FusedLaunch")
+      .def(py::init([](int64_t d) { return ScopedFusedLaunch{index_of(d), nullptr}; }))
+      .def("__enter__", [](ScopedFusedLaunch& f) {
+        TORCH_CHECK(!f.live, "internal error: a FusedLaunch entered twice");
+        f.live = std::make_unique<neuron::FusedLaunch>(f.device);
+      })
+      .def("__exit__", [](ScopedFusedLaunch& f, const py::args&) {
+        f.live.reset();  // accounts the launch: its ops, a failed one's included
+        return false;
+      });
   // streams and events
   m.def("set_synchronizer", &set_synchronizer, "fn(device index, -1 for all) runs held-back work and waits");
   // generators

@@ -115,6 +115,10 @@ bool in_fused_launch();
 // included; the ops that ran and were charged, a failed launch's included).
 std::pair<double, int64_t> last_fused_launch();
 
+// The launch log (tests): while on, each launch's (device, ops) in order; take empties it.
+void set_launch_log(bool on);
+std::vector<std::pair<int64_t, int64_t>> take_launch_log();
+
 struct Counters {
   int64_t launches = 0;
   int64_t kernel_ops = 0;  // ops run inside launches (a fused launch holds many)

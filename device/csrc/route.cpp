@@ -300,6 +300,8 @@ void bind_route(py::module_& m) {
   m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
   m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
   m.def("queue_size", &neuron::queue_size);
+  m.def("host_sync", [](const std::string& reason) { neuron::sync_before_host_access(reason.c_str()); },
+        py::arg("reason"), "a sync point: what the engine holds back runs first (named `reason`)");
   m.def("last_fused_launch", &neuron::last_fused_launch,
         "(device µs, ops) the last fused launch that ended on this thread charged (its profiler mark)");
   m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
