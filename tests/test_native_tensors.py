@@ -10,8 +10,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from neuron_tensors import NATIVE
 from subproc import SUBPROCESS_TIMEOUT_S, child_env
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -48,6 +50,7 @@ def _same_but_whitespace(x):
     return re.sub(r"\s+", " ", x) if isinstance(x, str) else x
 
 
+@pytest.mark.skipif(NATIVE, reason="compares a native process with this one, on the wrapper")
 def test_random_programs_give_the_same_bits_on_native_tensors_as_on_the_wrapper(tmp_path):
     """test_adaptive_random's programs (views, in-place and out= writes, random ops, host reads,
     a second device, autograd, ...) run eagerly in a native process and here, on the wrapper."""
