@@ -144,23 +144,27 @@ def unflatten(data: torch.Tensor, device_index: int) -> NeuronTensor:
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs):
     """Dynamo backend: AOTAutograd splits forward and backward; each graph runs as one launch."""
     if CONTEXT.runtime.config.native_tensors:  # real PrivateUse1 tensors: compile_native.py
-        from .compile_native import native_backend
+        from .compile_native import NativeCompiledGraph as graph_class
 
-        return native_backend(gm, example_inputs)
-    device = _graph_device(example_inputs)
+        devices = {t.device.index for t in example_inputs if isinstance(t, torch.Tensor) and t.device.type == "neuron"}
+    else:
+        graph_class = CompiledGraph
+        devices = {t._device_index for t in example_inputs if isinstance(t, NeuronTensor)}
+    device = _graph_device(devices)
     if device is None:  # nothing on neuron: a plain host graph, run as it is
         return gm.forward
     # A slow import: only when a model is compiled, never at `import torch`.
     from torch._dynamo.backends.common import aot_autograd
 
     def compile_graph(graph: torch.fx.GraphModule, inputs):
-        return CompiledGraph(graph, device)
+        return graph_class(graph, device)
 
     return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)
 
 
-def _graph_device(example_inputs) -> int | None:
-    devices = sorted({t._device_index for t in example_inputs if isinstance(t, NeuronTensor)})
+def _graph_device(devices: set[int]) -> int | None:
+    """The one neuron device of a graph's inputs, None if none is on neuron."""
+    devices = sorted(devices)
     if len(devices) > 1:
         raise RuntimeError(
             f"torch.compile(backend='neuron'): one compiled graph runs on one device, but its "

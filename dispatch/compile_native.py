@@ -1,4 +1,5 @@
-"""torch.compile(backend="neuron") on native neuron tensors (NEURON_TENSORS=native).
+"""torch.compile(backend="neuron") on native neuron tensors (NEURON_TENSORS=native): the
+graphs compile_backend.neuron_backend gets from AOTAutograd run as NativeCompiledGraph.
 
 Native tensors are real PrivateUse1 tensors: Dynamo and AOTAutograd trace them as they trace
 any device's, with fake tensors on `neuron` (meta kernels), and the graphs they produce are
@@ -19,31 +20,6 @@ import torch.fx
 
 from device import native
 from device.profiling import mark_device_time, profile_range, profiler_enabled
-
-
-def native_backend(gm: torch.fx.GraphModule, example_inputs):
-    """Dynamo backend: AOTAutograd splits forward and backward; each graph runs as one launch."""
-    device = graph_device(example_inputs)
-    if device is None:  # nothing on neuron: a plain host graph, run as it is
-        return gm.forward
-    from torch._dynamo.backends.common import aot_autograd  # slow: only when a model is compiled
-
-    def compile_graph(graph: torch.fx.GraphModule, inputs):
-        return NativeCompiledGraph(graph, device)
-
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)
-
-
-def graph_device(example_inputs) -> int | None:
-    """The one neuron device of a graph's inputs, None if it has none."""
-    devices = sorted({t.device.index for t in example_inputs
-                      if isinstance(t, torch.Tensor) and t.device.type == "neuron"})
-    if len(devices) > 1:
-        raise RuntimeError(
-            f"torch.compile(backend='neuron'): one compiled graph runs on one device, but its "
-            f"inputs are on {', '.join(f'neuron:{d}' for d in devices)}. Move them to one device "
-            f"first (e.g. with .to('neuron:{devices[0]}')), or compile each device's part separately.")
-    return devices[0] if devices else None
 
 
 class NativeCompiledGraph:
