@@ -28,12 +28,13 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/RefcountedDeleter.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
-#include <pthread.h>
-#include <thread>
 #include <exception>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -366,7 +367,6 @@ int64_t run_launch(Launch& launch, int64_t* failed) {
   return static_cast<int64_t>(launch.entries.size());
 }
 
-
 }  // namespace
 
 RouteBypass::RouteBypass() : previous(t_bypass) { t_bypass = true; }
@@ -501,6 +501,7 @@ int64_t queued_ops(c10::DeviceIndex device) {
 
 int64_t run_queue() {
   TORCH_CHECK(!g_worker->busy.load(), "internal error: run_queue with a launch on the device stream");
+  g_failed_index = -1;
   Launch launch;
   std::swap(launch, g_queue);
   update_held();
@@ -515,6 +516,7 @@ int64_t run_queue() {
 
 bool submit_queue() {
   TORCH_CHECK(!g_worker->busy.load(), "internal error: a launch is already on the device stream");
+  g_failed_index = -1;
   if (g_queue.entries.empty()) {
     return false;
   }
