@@ -156,9 +156,6 @@ class NativeAdaptiveExecutor(AdaptiveExecutor):
             if self.pending is p:
                 self._complete(p)
 
-    def _switch_trace(self, p: Pending, rec: OpRecord):
-        return _NO_MATCH  # matching holds no dataflow: a trace with the same prefix is the same
-
     # -- launching ----------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
         if self.inflight is not None:  # one launch on the stream at a time: the stream is in order
