@@ -12,6 +12,7 @@ from dispatch.context import CONTEXT
 # starts it): the tensor kind is chosen once per process, at registration.
 NATIVE_TENSORS = CONTEXT.runtime.config.native_tensors
 collect_ignore = [] if NATIVE_TENSORS else ["native"]
+DEFAULT_MODE = adaptive_eager.get_mode()  # NEURON_ADAPTIVE_EAGER's, before any test ran
 
 
 def pytest_configure(config):
@@ -28,8 +29,10 @@ def pytest_report_header(config):
 
 @pytest.fixture(autouse=True)
 def _fresh_counters():
-    """Each test starts with zeroed counters, a seeded device and an engine that has seen
-    nothing (traces, backoff and history of earlier tests must not steer this one)."""
+    """Each test starts in the default mode with zeroed counters, a seeded device and an
+    engine that has seen nothing (a mode, traces, backoff and history that earlier tests
+    left must not steer this one)."""
+    adaptive_eager.set_mode(DEFAULT_MODE)
     torch.manual_seed(0)
     adaptive_eager.reset_stats()  # also launches anything still pending
     SWITCH.adaptive.reset()
