@@ -271,9 +271,9 @@ def _run_queue_profiled(p: Pending) -> int:
 def _may_use_stream(trace) -> bool:
     """Its launches may run on the device stream: only C++ kernels, and no random numbers
     (they come from the device generator in stream order, on the host: Note [RNG order])."""
-    ok = trace.__dict__.get("stream_ok")
+    ok = trace.native_stream_ok
     if ok is None:
-        ok = trace.stream_ok = all(
+        ok = trace.native_stream_ok = all(
             not p.info.is_random and p.info.op._schema.name.startswith(("aten::", "prims::")) for p in trace.protos)
     return ok
 

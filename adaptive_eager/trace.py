@@ -169,6 +169,8 @@ class Trace:
         self.op_costs: list = [None] * len(protos)  # emulated µs per op, fixed by the signature
         # stream_launch.StreamProgram once built; False if launches stay on the issuing thread
         self.stream_program = None
+        # native_engine.py: whether its launches may run on the device stream, once known
+        self.native_stream_ok: bool | None = None
         # The user's source line of each op, taken the first time the op is matched (one
         # stack walk per position, once): for errors in deferred launches and explain().
         self.sources: list = [None] * len(protos)

@@ -200,7 +200,7 @@ bool launch_in_flight();
 // Waits until the launch on the stream has run (its outcome stays for finish_launch). Never
 // with the GIL held: the stream's thread may free Python-owned storages, which takes it.
 void wait_for_stream();
-// Whether an argument on stack[first:] is an output that has no bytes yet (a queued op's).
+// Whether an argument on stack[first:] is an output of the launch in flight with no bytes yet.
 bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first);
 // Waits for the launch on the stream; returns how many ops ran, or raises the failing op's
 // error as run_queue does (failed_index() then says which). 0 if none is in flight.

@@ -37,6 +37,7 @@
 #include <thread>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -108,8 +109,17 @@ struct Worker {
   std::atomic<bool> busy{false};  // submitted and not yet collected by the host
   int threads = 1;
   bool started = false;
+  // The storages the launch in flight makes: the host's own copy, fixed at submit (the
+  // thread never reads it), so the host waits only to capture one of them (reads_unmade_bytes).
+  std::unordered_set<const c10::StorageImpl*> making;
 
   void submit(std::unique_ptr<Launch> launch) {
+    making.clear();
+    for (const Entry& e : launch->entries) {
+      for (const auto& out : e.outputs) {
+        making.insert(out._unsafe_get_target());
+      }
+    }
     std::unique_lock<std::mutex> guard(lock);
     if (!started) {
       started = true;
@@ -535,23 +545,31 @@ void wait_for_stream() {
   }
 }
 
-bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first) {
-  std::function<bool(const IValue&)> unmade = [&](const IValue& v) {
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      return t.defined() && t.device().type() == kNeuron && t.storage().data() == nullptr && t.storage().nbytes() > 0;
-    }
-    if (v.isList()) {
-      for (const IValue& e : v.toListRef()) {
-        if (unmade(e)) {
-          return true;
-        }
+namespace {
+// An output of the launch in flight, without bytes yet. Outputs of ops queued behind it
+// have none either, but the queue resolves those itself: waiting for them would end the
+// overlap at the second op of every trace. (A freed output's address reused by a new one
+// only makes the host wait for nothing.)
+bool made_in_flight(const IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.device().type() == kNeuron && t.storage().data() == nullptr &&
+           t.storage().nbytes() > 0 && g_worker->making.count(t.storage().unsafeGetStorageImpl()) > 0;
+  }
+  if (v.isList()) {
+    for (const IValue& e : v.toListRef()) {
+      if (made_in_flight(e)) {
+        return true;
       }
     }
-    return false;
-  };
+  }
+  return false;
+}
+}  // namespace
+
+bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first) {
   for (size_t i = first; i < stack.size(); ++i) {
-    if (unmade(stack[i])) {
+    if (made_in_flight(stack[i])) {
       return true;
     }
   }
