@@ -676,9 +676,16 @@ def _quietest_cut(entries, period: int) -> int:
                 live[period] -= 1
             live[0] += 1
             live[hi - period + 1] -= 1
-    best, best_count, running = 0, None, 0
+    counts, running = [], 0
     for c in range(period):
         running += live[c]
-        if best_count is None or running < best_count:
-            best, best_count = c, running
-    return best
+        counts.append(running)
+    quietest = [c for c in range(period) if counts[c] == min(counts)]
+    # Several cuts equally quiet (on native tensors views are not recorded, so the values
+    # they carry count only at their bytes' producers): the one that starts the longest run
+    # of busier cuts, i.e. the trace starts where its longest chain of dataflow starts. In a
+    # training step that is the forward (forward, backward and the optimizer's reads of the
+    # gradients are one chain), not the optimizer's quiet moment between its own updates.
+    def run_after(i: int) -> int:
+        return (quietest[(i + 1) % len(quietest)] - quietest[i] - 1) % period
+    return quietest[max(range(len(quietest)), key=lambda i: (run_after(i), -i))]

@@ -344,3 +344,22 @@ def test_traces_with_the_same_first_op_hand_over_instead_of_diverging():
     assert reads == eager_reads
     assert divergences[-1] == divergences[WARMUP], divergences
     assert adaptive_eager.stats().trace_switches >= 12 - WARMUP
+
+
+def test_a_loop_without_host_reads_starts_its_trace_at_the_forward():
+    """Nothing in the loop reads the host, so the trace's start is the quietest cut of the
+    stream. With views unrecorded (native tensors) the step boundary ties with a cut inside
+    AdamW (after the gradients' last read): the trace must still start at the forward, or
+    every loop's last step pays an extra launch for the trace's head at its synchronize."""
+    torch.manual_seed(0)
+    net = _mlp().to("neuron")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+    for _ in range(8):
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    (trace,) = adaptive_eager.explain().traces
+    assert trace.first_op in ("aten.t.default", "aten.addmm.default"), trace
+

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from dispatch.context import CONTEXT
-from device import stream
+from device import native, stream
 from subproc import run_json
 from test_adaptive_semantics import _gather_step
 
@@ -227,7 +227,7 @@ def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
 def test_without_a_compiler_launches_stay_on_the_issuing_thread(tmp_path):
     out = run_json("""
         import torch, adaptive_eager
-        from device import stream
+        from device import native, stream
         def run(mode):
             adaptive_eager.set_mode(mode)
             x = torch.ones(64, 64).to('neuron')
@@ -286,3 +286,19 @@ def test_a_failed_launchs_error_reaches_the_steps_that_read_its_values():
     for _ in range(3):
         expected = torch.tanh(expected * 0.5 + 0.1)
     assert torch.equal(h.cpu(), expected)
+
+
+def test_stats_without_waiting_count_the_launch_on_the_device_stream_as_issued():
+    """stats(wait=False) leaves a launch in flight running; it has been issued all the same,
+    so its launch and its ops count as they do once it has finished (its device time and
+    memory are charged when it ends)."""
+    x = torch.ones(256, 256).to("neuron")
+    in_flight = 0
+    for _ in range(12):
+        x = torch.tanh(x @ x * 0.001 + 0.1)
+        in_flight += NATIVE and native.launch_in_flight()
+        issued = adaptive_eager.stats(wait=False)
+        done = adaptive_eager.stats()
+        assert (issued.launches, issued.ops) == (done.launches, done.ops)
+    assert done.stream_launches > 0
+    assert in_flight > 0 or not NATIVE  # the counts above were read with a launch running

@@ -84,6 +84,37 @@ double launch(c10::DeviceIndex d, double op_us, int64_t num_ops) {
   return total;
 }
 
+void issue_launch(c10::DeviceIndex d, int64_t num_ops) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  Counters& c = counters_of(d);
+  c.launches += 1;
+  c.kernel_ops += num_ops;
+  if (g_logging.load(std::memory_order_relaxed)) {
+    g_log.emplace_back(d, num_ops);
+  }
+}
+
+namespace {
+
+// The end of a launch issue_launch counted: its time, and the ops that did not run (a
+// failed launch's) taken back, in one update so a reader never sees half of it.
+double settle_issued_launch(c10::DeviceIndex d, double op_us, int64_t ran, int64_t issued) {
+  const double overhead = g_launch_overhead_us;
+  {
+    std::lock_guard<std::mutex> guard(g_lock);
+    Counters& c = counters_of(d);
+    c.kernel_ops -= issued - ran;
+    c.device_time_us += overhead + op_us;
+    c.launch_overhead_us += overhead;
+  }
+  if (overhead > 0 && g_spend_overhead.load(std::memory_order_relaxed)) {
+    spin_us(overhead);
+  }
+  return overhead + op_us;
+}
+
+}  // namespace
+
 FusedLaunch::FusedLaunch(c10::DeviceIndex d) : device(d), previous(t_fused) { t_fused = this; }
 
 thread_local std::pair<double, int64_t> t_last_fused{0, 0};
@@ -91,7 +122,9 @@ thread_local std::pair<double, int64_t> t_last_fused{0, 0};
 FusedLaunch::~FusedLaunch() {
   t_fused = previous;
   t_last_fused = {0, num_ops};
-  if (num_ops > 0) {  // the ops that ran, a failed launch's included
+  if (issued_ops >= 0) {
+    t_last_fused.first = settle_issued_launch(device, op_us, num_ops, issued_ops);
+  } else if (num_ops > 0) {  // the ops that ran, a failed launch's included
     t_last_fused.first = launch(device, op_us, num_ops);
   }
 }

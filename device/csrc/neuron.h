@@ -93,7 +93,13 @@ struct FusedLaunch {
   FusedLaunch* previous;
   double op_us = 0;
   int64_t num_ops = 0;
+  // >= 0: a launch handed to the device stream, whose launch and this many ops
+  // issue_launch already counted; its end charges the device time and settles the ops.
+  int64_t issued_ops = -1;
 };
+// A launch handed to the device stream counts as issued at once (stats(wait=False) sees
+// it); its device time is charged when it ends (FusedLaunch::issued_ops).
+void issue_launch(c10::DeviceIndex d, int64_t num_ops);
 // ranges.cpp: profiler ranges (Note [Profiler ranges] in device/profiling.py).
 bool profiling();  // a torch profiler records now; ask before building a Range
 class Range {  // one named range while it lives (nothing if no profiler records)

@@ -83,6 +83,7 @@ struct Launch {
   std::vector<Entry> entries;
   std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
   std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
+  int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
 };
 
 Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) and the GIL
@@ -366,6 +367,7 @@ int64_t run_launch(Launch& launch, int64_t* failed) {
   }
   const c10::DeviceIndex device = launch.entries.front().plan->device;
   FusedLaunch fused(device);  // one launch for them all, on the device's clock
+  fused.issued_ops = launch.issued_ops;
   for (size_t k = 0; k < launch.entries.size(); ++k) {
     try {
       run_entry(launch, launch.entries[k]);
@@ -533,6 +535,8 @@ bool submit_queue() {
   auto launch = std::make_unique<Launch>();
   std::swap(*launch, g_queue);
   update_held();
+  launch->issued_ops = static_cast<int64_t>(launch->entries.size());
+  issue_launch(launch->entries.front().plan->device, launch->issued_ops);
   g_worker->submit(std::move(launch));
   return true;
 }

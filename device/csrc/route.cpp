@@ -210,31 +210,41 @@ py::tuple offer(const py::object& func, const py::tuple& args, const py::dict& k
   return py::make_tuple(true, results_to_python(op.schema(), stack));
 }
 
-// Which recorded op last wrote a tensor, for the engine's choice of where a trace starts
-// (its values live across a cut). Keyed by TensorImpl, held weakly: a weak reference keeps
-// the address from being reused (no stale answer for a new tensor) and counts no use
+// Which recorded op last wrote a tensor's bytes, for the engine's choice of where a trace
+// starts (its values live across a cut). Keyed by storage, not TensorImpl: what reads a
+// value is often another TensorImpl over the same bytes (a view such as the `t()` that makes
+// a weight's gradient, or the shallow copy autograd saves of an output), and must still be
+// seen as reading it. Held weakly: a weak reference keeps the address from being reused (no
+// stale answer for new bytes), frees no later than the storage would, and counts no use
 // (autograd's in-place decisions read use counts: Note [Queued arguments count no references]).
 struct Producer {
-  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   int64_t position, slot;
 };
-std::unordered_map<const c10::TensorImpl*, Producer> g_producers;
+std::unordered_map<const c10::StorageImpl*, Producer> g_producers;
 constexpr size_t kProducersKept = 1 << 16;  // a stream that never repeats: bounded memory
 
 void note_producer(const at::Tensor& t, int64_t position, int64_t slot) {
+  if (!t.has_storage()) {
+    return;
+  }
   if (g_producers.size() > kProducersKept) {
     g_producers.clear();
   }
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  g_producers.insert_or_assign(impl, Producer{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), position, slot});
+  const c10::Storage& storage = t.storage();
+  g_producers.insert_or_assign(storage.unsafeGetStorageImpl(),
+                               Producer{storage.getWeakStorageImpl(), position, slot});
 }
 
 py::object producer_of(const at::Tensor& t) {
-  auto it = g_producers.find(t.unsafeGetTensorImpl());
+  if (!t.has_storage()) {
+    return py::none();
+  }
+  auto it = g_producers.find(t.storage().unsafeGetStorageImpl());
   if (it == g_producers.end()) {
     return py::none();
   }
-  if (it->second.tensor.expired()) {  // cannot be t: t is alive. Stale; drop it
+  if (it->second.storage.expired()) {  // cannot be t's: t holds it. Stale; drop it
     g_producers.erase(it);
     return py::none();
   }
