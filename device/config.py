@@ -20,9 +20,9 @@ class DeviceConfig:
     capacity_bytes: int  # per device
     launch_overhead_us: float
     spend_launch_overhead: bool  # also spend the modelled overhead in wall-clock time
-    # NEURON_TENSORS=native: neuron tensors are real PrivateUse1 tensors run by the C++ eager
-    # path (csrc/eager.cpp), eager mode only so far; 'wrapper' (the default): NeuronTensor.
-    native_tensors: bool = False
+    # NEURON_TENSORS=native (the default): neuron tensors are real PrivateUse1 tensors run by
+    # the C++ eager path (csrc/eager.cpp); 'wrapper': the NeuronTensor subclass, going away.
+    native_tensors: bool = True
 
     @staticmethod
     def from_env(env=None) -> "DeviceConfig":
@@ -44,11 +44,11 @@ class DeviceConfig:
         capacity = _size_env(env, "NEURON_DEVICE_MEMORY", default_capacity)
         overhead = _float_env(env, "NEURON_LAUNCH_OVERHEAD_US", profile.launch_overhead_us)
         spend = env.get("NEURON_SPEND_LAUNCH_OVERHEAD", "0").strip() not in ("", "0", "false", "no")
-        tensors = env.get("NEURON_TENSORS", "wrapper").strip().lower() or "wrapper"
+        tensors = env.get("NEURON_TENSORS", "native").strip().lower() or "native"
         if tensors not in ("wrapper", "native"):
             raise NeuronConfigError(
-                f"NEURON_TENSORS={tensors!r} is not a tensor kind; use 'wrapper' (the default) or 'native' "
-                f"(real PrivateUse1 tensors, eager mode only for now).")
+                f"NEURON_TENSORS={tensors!r} is not a tensor kind; use 'native' (the default: real "
+                f"PrivateUse1 tensors) or 'wrapper'.")
         return DeviceConfig(profile, lnc, count, capacity, overhead, spend, tensors == "native")
 
 

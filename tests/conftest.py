@@ -8,8 +8,7 @@ from adaptive_eager.mode import SWITCH
 from device import stream
 from dispatch.context import CONTEXT
 
-# tests/native/ runs in a process of its own with NEURON_TENSORS=native (test_native_tensors.py
-# starts it): the tensor kind is chosen once per process, at registration.
+# tests/native/ holds the native tensors' own tests (NEURON_TENSORS=native, the default).
 NATIVE_TENSORS = CONTEXT.runtime.config.native_tensors
 collect_ignore = [] if NATIVE_TENSORS else ["native"]
 DEFAULT_MODE = adaptive_eager.get_mode()  # NEURON_ADAPTIVE_EAGER's, before any test ran

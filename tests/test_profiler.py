@@ -54,9 +54,11 @@ def _mlp_and_adamw():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(4, 8).to("neuron"), torch.randn(4, 1).to("neuron")
 
-    def step():
+    def step(after_forward=None):
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
+        if after_forward is not None:
+            after_forward(loss)
         loss.backward()
         opt.step()
         return loss
@@ -280,17 +282,16 @@ def test_sync_points_are_ranges_with_their_reason_and_the_launch_they_forced(tmp
         step()
     trace_len = len(next(iter(_engine().cache.values())))
 
-    def run():
-        step().item()
-        step()
-        torch.neuron.synchronize()
+    def run():  # a sync after the forward, in the middle of the cached trace
+        step(lambda loss: loss.item())
+        step(lambda loss: torch.neuron.synchronize())
 
     _, events = _profile(run, tmp_path)
     syncs = {e["name"]: e for e in _named(events, "neuron::sync[")}
     assert sorted(syncs) == ["neuron::sync[aten._local_scalar_dense.default]", "neuron::sync[synchronize]"]
     for sync in syncs.values():
-        # The cached trace starts inside opt.step (the quietest cut), so each sync finds the
-        # rest of that step pending, and launches it inside its own range.
+        # Each sync finds the trace's ops issued so far pending, and launches them inside its
+        # own range.
         pending = sync["args"]["pending_ops"]
         assert 0 < pending < trace_len
         launched = [e for e in _named(events, "neuron::fused[") if _inside(e, sync)]
