@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import os
 import sys
 import time
 
@@ -29,33 +28,7 @@ def cmd_info(args) -> int:
     print(f"execution mode: {adaptive_eager.get_mode()} (NEURON_ADAPTIVE_EAGER=0 selects eager)")
     from device import stream
 
-    stream.stream_module()
     print(f"device stream: {stream.stream_status()}")
-    return 0
-
-
-def ensure_stream() -> None:
-    """Build the device stream now if it is wanted and not built yet (once per machine),
-    so that a timed run uses it from its first steady-state launch."""
-    from device import stream
-
-    if stream.async_launch_setting() != "0" and stream.stream_module() is None:
-        print("building the device stream (C++, once per machine, about 40 s) ...", flush=True)
-        stream.build(wait=True)
-    print(f"device stream: {stream.stream_status()}")
-
-
-def cmd_build_stream(args) -> int:
-    """Build the device stream now, in the foreground, forgetting an earlier failed build."""
-    from device import stream
-
-    paths = stream.build_paths()
-    print(f"building the device stream (C++, about 40 s) into {os.path.dirname(paths['so'])} ...", flush=True)
-    stream.build(wait=True, retry=True)
-    print(f"device stream: {stream.stream_status()}")
-    if stream.stream_module() is None:
-        print(f"build log: {paths['log']}", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -195,7 +168,6 @@ def cmd_demo(args) -> int:
             return 2
     args.tail = max(1, min(10, args.steps // 2))
     props = torch.neuron.get_device_properties(0)
-    ensure_stream()
     print(f"demo: MLP {args.layers} layers of width {args.width}, batch {args.batch}, AdamW, "
           f"cross-entropy, {args.steps} steps, data on the {args.data} (torch {torch.__version__})")
     results = {}
@@ -234,9 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="print the emulated devices, profile and settings")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("build-stream", help="build the device stream now (C++, once per machine), "
-                                            "retrying a build that failed")
-    p.set_defaults(func=cmd_build_stream)
     p = sub.add_parser("demo", help="train a small MLP in eager and adaptive mode and compare them")
     p.add_argument("--steps", type=_positive_int, default=30, help="training steps per mode (default 30)")
     p.add_argument("--quick", action="store_true", help="at most 10 steps")

@@ -1,10 +1,28 @@
-"""The adaptive executor: record the op stream, find what repeats, replay it as one launch.
+"""The adaptive engine: record the op stream, find what repeats, replay it as one launch.
 
 States (one engine, one state at a time, guarded by a lock):
 - RECORDING: no trace is being matched. Each op runs eagerly, goes into the history and
   the period detector; if a cached trace starts with it, matching begins instead.
 - MATCHING: `self.pending` holds a trace and how far the stream has followed it. An op
   that matches the next position is deferred; when the trace completes, it launches as one.
+
+Ops reach the engine through the C++ route (csrc/route.cpp) while adaptive mode is on: the
+C++ eager path hands each op of a neuron tensor to `route`. Deferral is what it is on an
+asynchronous accelerator (Note [Deferred launches] in device/csrc/queue.cpp): an op that
+matches the next position of the trace is queued in C++ with the trace's output geometry (a
+DeferPlan) and its results are handed out at once, as neuron tensors whose bytes the launch
+will make. When the trace completes, or at a sync point, the queue runs as one launch.
+
+- dataflow is not part of matching: a queued op holds its arguments themselves (their
+  bytes, or the deferred outputs they are), so the launch reads what earlier ops wrote;
+  the signature (shapes, strides, dtypes, structural arguments) fixes every output's
+  geometry, which is all that is handed out early. Recorded ops still note which earlier
+  op wrote each input's bytes, for the trace's cut (_quietest_cut);
+- host reads need no Python hooks: the C++ host accesses (copies to or from the host,
+  `item()`, resize_) call `_host_sync` while the engine is attached, a sync point each;
+- a complete trace of C++ kernels runs on the device stream, beside the host (Note [The
+  device stream] in csrc/queue.cpp); each op is priced as in eager mode, one launch
+  overhead for them all.
 
 Note [Sync points]: an op that must run now (a host read, a transfer, a data-dependent
 shape, a Python value result, a resize) launches whatever is pending first, then runs
@@ -20,26 +38,23 @@ import warnings
 import cachetools
 import torch
 
+from device import native, stream
 from device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
                               sync_range)
-from dispatch import CONTEXT, Executor, NeuronTensor, classify
-from dispatch import transfers
-from dispatch.tensor import is_fresh, resolve_data
-from dispatch.kernels import run_kernel
+from dispatch import Executor, classify
 from dispatch.record import OpRecord, user_source_line
 
+from .compile import compile_matcher
 from .config import EngineConfig
 from .detector import PeriodDetector
-from .pending import Pending
-from .stream_launch import finish as finish_on_stream, host_state_allows, program_for, submit as submit_to_stream
-from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
+from .pending import Pending, launch_error
+from .trace import Trace, build_proto, build_trace, output_slots
 
 _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
-
 
 
 class EngineCounters:
@@ -49,7 +64,7 @@ class EngineCounters:
         self.trace_hits = 0
         self.divergences = 0
         self.switches = 0  # matches handed to another trace with the same prefix (_switch_trace)
-        self.stream_launches = 0  # fused launches run on the device stream (stream_launch.py)
+        self.stream_launches = 0  # fused launches run on the device stream
         self.flushes: collections.Counter = collections.Counter()
 
 
@@ -79,9 +94,27 @@ class _TraceCache(cachetools.LRUCache):
         return key, trace
 
 
+class _Barrier:
+    """A sync op in the history (it ran eagerly, unseen): what the detector and _adopt read."""
+
+    __slots__ = ("signature", "name")
+    barrier = True
+    device = None
+    out_specs = ()
+
+    def __init__(self, signature, name):
+        self.signature = signature
+        self.name = name
+
+
+_HOST_ACCESS = _Barrier(("host access",), "host access")
+_SYNC_MARK = _Barrier(("torch.neuron.synchronize",), "synchronize")
+
+
 class AdaptiveExecutor(Executor):
+    """The engine: `route` is what the C++ route calls per op while adaptive mode is on."""
+
     name = "adaptive"
-    takes_factories = True  # torch.arange/ones/randn inside a step belong to its trace
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig.from_env()
@@ -89,7 +122,9 @@ class AdaptiveExecutor(Executor):
         self.reset()
 
     def reset(self) -> None:
-        """Forget every trace and all history (pending work must have been launched)."""
+        """Forget every trace and all history (what is pending is launched first)."""
+        if getattr(self, "pending", None) is not None:
+            self._flush("reset")
         if getattr(self, "inflight", None) is not None:
             self.drain()
         cfg = self.config
@@ -99,8 +134,9 @@ class AdaptiveExecutor(Executor):
         self.history: collections.deque = collections.deque(maxlen=2 * cfg.repeats * cfg.max_trace_len)
         self.key_ids: dict[tuple, int] = {}
         self.protos: dict[tuple, object] = {}
+        self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
         self.pending: Pending | None = None
-        # The launch running on the device stream (Note [Launches on the stream]), if any.
+        # The launch running on the device stream (Note [The device stream]), if any.
         self.inflight: Pending | None = None
         self.position = 0  # stream position of the next op
         self.counters = EngineCounters()
@@ -119,38 +155,75 @@ class AdaptiveExecutor(Executor):
         self._backoff = 0
         self._backoff_len = _NOVELTY_WINDOW
         self._window_ops = self._window_novel = self._novel_windows = 0
+        native.forget_producers()  # positions of the history just dropped
 
     def reset_counters(self) -> None:
         self.counters = EngineCounters()
 
-    # -- the Executor interface -----------------------------------------------------------
-    def execute(self, func, args, kwargs):
+    # -- the route's two ends ----------------------------------------------------------------
+    def attach(self) -> None:
+        native.set_host_sync(self._host_sync)
+        native.set_engine(self.route)
+
+    def detach(self) -> None:
+        native.set_engine(None)
+
+    def drain(self) -> None:
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Wait for the launch on the device stream; its error is raised at the next sync point."""
+        p = self.inflight
+        if p is None:
+            return
+        self.inflight = None
+        try:
+            native.finish_launch()
+        except Exception as exc:
+            self.error = launch_error(p.trace, max(native.failed_index(), 0), exc)
+            native.set_failure(str(self.error), type(self.error).__name__, True)
+
+    def synchronize(self, device_index) -> None:
+        """An explicit sync ends the match, unlike a read: matching on after it would keep
+        the launched ops' results (device memory) until the trace's next op arrives."""
+        with self._lock:
+            self._flush("synchronize")
+            self.pending = None
+            if self._steady < self._pause_after:
+                # A cut of the stream, as a sync op is: in the history as a barrier, so a
+                # loop that synchronizes every step gets a trace that starts right after it
+                # (not at the quietest cut, which a sync would then split every step).
+                self._advance(_SYNC_MARK, ())
+            self._raise_error()
+
+    def _host_sync(self, reason: str = "host read") -> None:
+        """A host access (a copy to or from the host, item(), resize_): a sync point, and a
+        cut of the stream as a sync op is (Note [Sync points])."""
+        with self._lock:
+            self._flush(reason)
+            if self._steady < self._pause_after:
+                self._advance(_HOST_ACCESS, ())
+            else:
+                self.position += 1
+            self._raise_error()
+
+    def route(self, func, args, kwargs):
         info = getattr(func, "_neuron_info", None) or classify(func)
-        if info.decomposes:  # rare (inference mode): no call on the per-op path otherwise
-            out = self.decomposed(info, func, args, kwargs)
-            if out is not NotImplemented:
-                return out
         with self._lock:
             if self.config.launch_blocking:
-                self._drain()
-                return self._run_now(info, args, kwargs)
-            if func is _COPY and is_fresh(args[0]) and not isinstance(args[1], NeuronTensor):
-                # `.to('neuron')` of host data: a copy into a tensor no op has seen (Note
-                # [Fresh allocations]) runs now, like a snapshot, and is not part of the
-                # stream the engine fuses: nothing held back or in flight needs to run first.
-                return self._run_now(info, args, kwargs)
-            if info.is_host_read or info.has_data_dependent_shape or info.may_resize or (
-                    hasattr(func, "_neuron_special") and not transfers.stays_on_device(func, args, kwargs)):
-                return self._sync_op(info, args, kwargs)
+                return native.RUN_EAGER
+            if info.is_host_read or info.has_data_dependent_shape or info.may_resize or info.is_collective:
+                return self._sync_op(info, func, args, kwargs)
             out = self._fast_paths(info, func, args, kwargs)
             if out is not _NO_MATCH:
                 return out
-            if self.inflight is not None:  # what follows may run ops or read host data now
+            if self.inflight is not None:  # what follows may run ops now or record them
                 self._drain()
             try:
                 rec = OpRecord.from_call(func, args, kwargs)
-            except Exception:  # arguments we cannot describe (sparse layouts): run it now
-                return self._sync_op(info, args, kwargs)
+            except Exception:  # arguments we cannot describe: run it now
+                return self._sync_op(info, func, args, kwargs)
             return self._match_or_record(info, rec, args, kwargs)
 
     def _fast_paths(self, info, func, args, kwargs):
@@ -180,39 +253,7 @@ class AdaptiveExecutor(Executor):
             return out
         return self._record_eager(info, rec, args, kwargs)
 
-    def read(self, t: NeuronTensor):
-        with self._lock:
-            self._flush("host read")
-            self._raise_error()
-        return transfers.to_host(t)
-
-    def drain(self) -> None:
-        with self._lock:
-            self._drain()
-
-    def _drain(self) -> None:
-        """Wait for the launch on the device stream; its error is raised at the next sync point."""
-        p = self.inflight
-        if p is not None:
-            self.inflight = None
-            error = finish_on_stream(p, p.trace.stream_program)
-            if error is not None:
-                self.error = error
-
-    def synchronize(self, device_index) -> None:
-        """An explicit sync ends the match, unlike a read: matching on after it would keep
-        the launched ops' results (device memory) until the trace's next op arrives."""
-        with self._lock:
-            self._flush("synchronize")
-            self.pending = None
-            if self._steady < self._pause_after:
-                # A cut of the stream, as a sync op is: in the history as a barrier, so a
-                # loop that synchronizes every step gets a trace that starts right after it
-                # (not at the quietest cut, which a sync would then split every step).
-                self._advance(_SYNC_MARK, ())
-            self._raise_error()
-
-    # -- matching ---------------------------------------------------------------------------
+    # -- matching and deferring --------------------------------------------------------------
     def _continue_match(self, rec: OpRecord):
         if self._enter_at is not None and self._enter_at[1] <= self.position:
             # A longer trace was just adopted, and the stream is at its start now.
@@ -274,15 +315,13 @@ class AdaptiveExecutor(Executor):
                 return out
         return _NO_MATCH
 
-    def _start(self, trace: Trace, rec: OpRecord):
+    def _start(self, trace, rec):
         if trace.protos[0].signature != rec.signature:
             return _NO_MATCH
-        p = Pending(trace, self.position)
+        p = self.pending = Pending(trace, self.position)
         out = self._match_one(p, rec)
-        if out is not _NO_MATCH:
-            self.pending = p
-            if p.complete:
-                self._complete(p)
+        if out is _NO_MATCH:
+            self.pending = None
         return out
 
     def _fast_start(self, starts, func, args, kwargs):
@@ -299,61 +338,45 @@ class AdaptiveExecutor(Executor):
         return _NO_MATCH
 
     def _match_fast(self, p: Pending, func, args, kwargs):
-        """Match the next position with its generated matcher (compile.py)."""
+        """Match the next position with its generated matcher (compile.py, native=True): the
+        call's metadata against the signature, without describing it as an OpRecord."""
         k = p.pos
         trace = p.trace
         proto = trace.protos[k]
         if proto.info.op is not func:
             return _NO_MATCH
-        values = trace.matchers[k](args, kwargs, p)
-        if values is None:
+        match = trace.matchers[k]
+        if match is None:
+            match = trace.matchers[k] = compile_matcher(proto)
+        if match(args, kwargs, p) is None:
             return _NO_MATCH
-        bound = list(values)
-        for s in trace.internal_slots[k]:
-            bound[s] = None  # bound by position at launch, not held
-        return self._defer(p, proto, values, bound)
+        return self._defer(p, proto)
 
-    def _defer(self, p: Pending, proto, values, bound):
-        """Hand out the outputs of the matched op at p.pos; launch if the trace is complete."""
+    def _match_one(self, p: Pending, rec: OpRecord):
+        proto = p.trace.protos[p.pos]
+        if proto.signature != rec.signature:
+            return _NO_MATCH
+        return self._defer(p, proto)
+
+    def _defer(self, p: Pending, proto):
+        """Queue the op at p.pos (the C++ route does it with the plan returned here)."""
         if self._steady >= self._pause_after:
             position = self.position
             self.position += 1
         else:
-            producers = tuple(v._producer if isinstance(v, NeuronTensor) else None for v in values)
-            position = self._advance(proto, producers)
-        p.positions.append(position)  # sync ops may sit between trace ops in the stream
+            position = self._advance(proto, ())
+        p.positions.append(position)
         if p.trace.sources[p.pos] is None:
             p.trace.sources[p.pos] = user_source_line() or "(autograd engine)"
-        fn = proto.outputs_fn
-        out, refs = fn(values, position) if fn is not None else proto.outputs(values, position)
-        p.bound.append(bound)
-        p.outs.append(refs)
         p.pos += 1
-        CONTEXT.ops[proto.device] += 1
-        if p.complete and p is self.pending:
-            self._complete(p)
-        return out
+        if p.complete:  # launched once the route has queued this last op
+            return proto.plan, lambda: self._after_last_op(p)
+        return proto.plan
 
-    def _match_one(self, p: Pending, rec: OpRecord):
-        k = p.pos
-        trace = p.trace
-        proto = trace.protos[k]
-        if proto.signature != rec.signature:
-            return _NO_MATCH
-        values = rec.values
-        bound = list(values)
-        base = p.base
-        for s, ref in enumerate(trace.inputs[k]):
-            v = values[s]
-            prod = v._producer if isinstance(v, NeuronTensor) else None
-            if ref is None:
-                if prod is not None and prod[0] >= base or isinstance(v, NeuronTensor) and resolve_data(v) is None:
-                    return _NO_MATCH  # produced inside this trace, or a value that never arrived
-            else:
-                if prod is None or prod[1] != ref[1] or prod[0] != p.positions[ref[0]]:
-                    return _NO_MATCH
-                bound[s] = None  # bound by position at launch, not held
-        return self._defer(p, proto, values, bound)
+    def _after_last_op(self, p: Pending) -> None:
+        with self._lock:
+            if self.pending is p:
+                self._complete(p)
 
     def _complete(self, p: Pending) -> None:
         self._steady += len(p.trace)
@@ -381,44 +404,32 @@ class AdaptiveExecutor(Executor):
             self.detector.forget()
         self._steady = 0
 
-    # -- launching --------------------------------------------------------------------------
+    # -- launching ----------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
-        if self.inflight is not None:  # one launch in flight: the stream is in order
+        if self.inflight is not None:  # one launch on the stream at a time: the stream is in order
             self._drain()
+        if p.done == 0 and p.complete and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
+            if native.submit_queue():  # Note [The device stream] (csrc/queue.cpp)
+                self.inflight = p
+                p.done = p.pos
+                self.counters.fused_launches += 1
+                self.counters.fused_ops += len(p.trace)
+                self.counters.stream_launches += 1
+            return
+        start = p.done
         try:
-            if p.done != p.pos and profiler_enabled():  # Note [Profiler ranges]
-                n = _launch_profiled(p)
-            elif p.done == 0 and p.complete and self._may_use_stream(p) and self._submit(p):
-                n = len(p.trace)
-            else:
-                n = p.launch()
-        except Exception as exc:
-            self.error = exc
+            n = native.run_queue() if not profiler_enabled() else _run_queue_profiled(p)
+        except Exception as exc:  # an op's own error: raised at the next sync point
+            k = start + max(native.failed_index(), 0)
+            self.error = launch_error(p.trace, k, exc)
+            native.set_failure(str(self.error), type(self.error).__name__, True)
+            p.pos = p.done = k
             self.pending = None
             return
+        p.done = p.pos
         if n:
             self.counters.fused_launches += 1
             self.counters.fused_ops += n
-
-    def _submit(self, p: Pending) -> bool:
-        """Launch p on the device stream; False (nothing launched) if the stream refused it."""
-        try:
-            if not submit_to_stream(p, p.trace.stream_program, self.drain):
-                return False
-        except Exception as exc:  # the engine's failure, not the op's: this trace stays on the host
-            p.trace.stream_program = False
-            self._warn(exc)
-            return False
-        self.inflight = p
-        self.counters.stream_launches += 1
-        return True
-
-    def _may_use_stream(self, p: Pending) -> bool:
-        """Note [Launches on the stream]: run this complete launch on the device stream?"""
-        if program_for(p.trace) is None or not host_state_allows():
-            return False
-        memory = CONTEXT.runtime.devices[p.trace.device].memory
-        return memory.allocated + p.trace.stream_program.max_bytes <= memory.capacity
 
     def _flush(self, reason: str) -> None:
         """A sync point: launch everything pending (matching, if any, continues after the
@@ -442,60 +453,58 @@ class AdaptiveExecutor(Executor):
 
     def _raise_error(self) -> None:
         if self.error is not None:
+            native.set_failure("", "", False)
             err, self.error = self.error, None
             raise err
 
     # -- ops that run now -------------------------------------------------------------------
-    def _sync_op(self, info, args, kwargs):
+    def _sync_op(self, info, func, args, kwargs):
         self._flush(f"sync: {info.name}")
         self._raise_error()
-        out = self._run_now(info, args, kwargs)
-        if info.may_resize:
-            # Its written tensors may have new sizes or storage: nothing may treat them as
-            # the trace values they were (a trace checks outside inputs' metadata afresh).
-            for t in written_inputs(info, args, kwargs):
-                if isinstance(t, NeuronTensor):
-                    t._producer = None
-        if self._steady >= self._pause_after:
+        if self._steady < self._pause_after:
+            try:
+                signature = OpRecord.from_call(func, args, kwargs).signature
+            except Exception:  # undescribable arguments: the op stays out of the history
+                self.detector.forget()
+                return native.RUN_EAGER
+            barrier = self.barriers.get(signature)
+            if barrier is None:
+                barrier = self.barriers[signature] = _Barrier(signature, info.name)
+            self._advance(barrier, ())
+        else:
             self.position += 1
-            return out
-        try:
-            rec = OpRecord.from_call(info.op, args, kwargs)
-        except Exception:  # undescribable arguments: the op stays out of the history
-            self.detector.forget()
-            return out
-        self._advance(self._proto(info, rec, out, args, kwargs, barrier=True), ())
-        return out
+        return native.RUN_EAGER
 
-    def _run_now(self, info, args, kwargs):
-        special = getattr(info.op, "_neuron_special", None)
-        return special(info, args, kwargs) if special is not None else run_kernel(info, args, kwargs)
+    def _run_backing_off(self, info, args, kwargs):
+        if self.inflight is not None:
+            self._drain()
+        self._backoff -= 1
+        if not self._backoff:
+            self.history.clear()
+            self.detector.forget()
+        return native.RUN_EAGER
 
     def _record_eager(self, info, rec: OpRecord, args, kwargs):
         if self.pending is not None:  # an op between a sync and the trace's rest: launch first
             self._flush("divergence")
             self.pending = None
-        out = run_kernel(info, args, kwargs)
-        self._resume_detection()
-        try:
-            proto = self._proto(info, rec, out, args, kwargs, barrier=False)
-            producers = tuple(v._producer if isinstance(v, NeuronTensor) else None for v in rec.values)
-            position = self._advance(proto, producers)
-            for slot, o in enumerate(output_slots(info, out, args, kwargs)):
-                if isinstance(o, NeuronTensor):
-                    o._producer = (position, slot)
-        except Exception as exc:
-            self._warn(exc)
-        return out
+        return native.RUN_EAGER, lambda out: self._recorded(info, rec, out, args, kwargs)
 
-    def _run_backing_off(self, info, args, kwargs):
-        """Plain eager, no recording: the stream showed no repetition lately. (Nothing is in
-        flight: the backoff began on execute's slow path, after its drain, and launches nothing.)"""
-        self._backoff -= 1
-        if not self._backoff:  # look again, from a clean history
-            self.history.clear()
-            self.detector.forget()
-        return run_kernel(info, args, kwargs)
+    def _recorded(self, info, rec: OpRecord, out, args, kwargs) -> None:
+        """The route ran a recorded op on the eager path: into the history with its results."""
+        with self._lock:
+            self._resume_detection()
+            try:
+                proto = self._proto(info, rec, out, args, kwargs, barrier=False)
+                producer_of = native.producer_of
+                inputs = tuple(producer_of(v) if isinstance(v, torch.Tensor) and not v.is_cpu else None
+                               for v in rec.values)
+                position = self._advance(proto, inputs)
+                if not proto.barrier:  # its output slots are its out_specs (a barrier's may not be)
+                    for slot, o in enumerate(output_slots(info, out, args, kwargs)):
+                        native.note_producer(o, position, slot)
+            except Exception as exc:
+                self._warn(exc)
 
     def _count_novelty(self, new_signature: bool) -> None:
         """Back off from recording while most ops have never-seen signatures (shapes that
@@ -517,15 +526,9 @@ class AdaptiveExecutor(Executor):
 
     def _proto(self, info, rec, out, args, kwargs, barrier: bool):
         proto = self.protos.get(rec.signature)
-        if not barrier:
-            self._count_novelty(proto is None)
+        self._count_novelty(proto is None)
         if proto is None:
-            device = next((v._device_index for v in rec.values if isinstance(v, NeuronTensor)), None)
-            if device is None:  # a factory: the device it names
-                named = kwargs.get(info.device_arg) if info.device_arg else None
-                device = named.index if isinstance(named, torch.device) and named.type == "neuron" \
-                    else CONTEXT.runtime.current_index
-            proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs, device, barrier)
+            proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs)
         return proto
 
     # -- history and detection ----------------------------------------------------------------
@@ -593,32 +596,7 @@ class AdaptiveExecutor(Executor):
                           f"the affected ops run eagerly. Results stay correct.", RuntimeWarning, stacklevel=3)
 
 
-
 _NO_MATCH = object()
-_COPY = torch.ops.aten.copy_.default
-
-
-class _SyncMark:
-    """An explicit synchronize in the history: what the detector and _adopt read of a proto."""
-
-    barrier = True
-    signature = ("torch.neuron.synchronize",)
-    name = "synchronize"
-    device = None
-    out_specs = ()
-
-
-_SYNC_MARK = _SyncMark()
-
-
-def _launch_profiled(p: Pending) -> int:
-    """p.launch() inside its fused range, the device time nested at its end."""
-    start = p.done
-    with _fused_range(p):
-        try:
-            return p.launch()
-        finally:  # a failed launch still ran (and charged) the ops before the failing one
-            mark_device_time(p.device_us, ops=p.done - start, device=p.trace.device)
 
 
 def _fused_range(p: Pending):
@@ -689,3 +667,24 @@ def _quietest_cut(entries, period: int) -> int:
     def run_after(i: int) -> int:
         return (quietest[(i + 1) % len(quietest)] - quietest[i] - 1) % period
     return quietest[max(range(len(quietest)), key=lambda i: (run_after(i), -i))]
+
+
+def _run_queue_profiled(p: Pending) -> int:
+    """run_queue() inside the launch's fused range, its device time nested at the end
+    (Note [Profiler ranges])."""
+    with _fused_range(p):
+        try:
+            return native.run_queue()
+        finally:  # a failed launch still ran (and charged) the ops before the failing one
+            device_us, ops = native.last_fused_launch()
+            mark_device_time(device_us, ops=ops, device=p.trace.device)
+
+
+def _may_use_stream(trace) -> bool:
+    """Its launches may run on the device stream: only C++ kernels, and no random numbers
+    (they come from the device generator in stream order, on the host: Note [RNG order])."""
+    ok = trace.stream_ok
+    if ok is None:
+        ok = trace.stream_ok = all(
+            not p.info.is_random and p.info.op._schema.name.startswith(("aten::", "prims::")) for p in trace.protos)
+    return ok

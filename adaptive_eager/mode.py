@@ -7,7 +7,6 @@ import os
 from dispatch import CONTEXT, EagerExecutor, install_executor
 
 from .engine import AdaptiveExecutor
-from .native_engine import NativeAdaptiveExecutor
 
 MODES = ("eager", "adaptive")
 
@@ -17,9 +16,7 @@ class ModeSwitch:
 
     def __init__(self):
         self.eager = EagerExecutor()
-        # Native tensors reach the engine through the C++ route (native_engine.py).
-        native_tensors = CONTEXT.runtime is not None and CONTEXT.runtime.config.native_tensors
-        self.adaptive = NativeAdaptiveExecutor() if native_tensors else AdaptiveExecutor()
+        self.adaptive = AdaptiveExecutor()
 
     def get(self) -> str:
         return "adaptive" if CONTEXT.executor is self.adaptive else "eager"
@@ -31,11 +28,11 @@ class ModeSwitch:
         if CONTEXT.executor is target:
             return
         CONTEXT.executor.synchronize(None)  # nothing held back may outlive its executor
-        if isinstance(CONTEXT.executor, NativeAdaptiveExecutor):
-            CONTEXT.executor.detach()
+        if CONTEXT.executor is self.adaptive:  # ops reach it through the C++ route while attached
+            self.adaptive.detach()
         install_executor(target)
-        if isinstance(target, NativeAdaptiveExecutor):
-            target.attach()
+        if target is self.adaptive:
+            self.adaptive.attach()
 
     @staticmethod
     def default_from_env() -> str:

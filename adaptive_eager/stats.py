@@ -53,10 +53,9 @@ def stats(device=None, *, wait: bool = True) -> Stats:
         indices = [runtime.check_index(index)]
     devs = [runtime.devices[i] for i in indices]
     counters = [d.counters for d in devs]  # one read of the C++ clock per device
-    # Native tensors' ops are counted in C++ as they run; those the engine still holds back
-    # in its queue were issued too (on the wrapper, CONTEXT.ops counts ops as issued).
-    ops = (sum(c.kernel_ops for c in counters) + sum(native.queued_ops(i) for i in indices)
-           if runtime.config.native_tensors else sum(CONTEXT.ops[i] for i in indices))
+    # Ops are counted in C++ as they run (or are handed to the device stream); those the
+    # engine still holds back in its queue were issued too.
+    ops = sum(c.kernel_ops for c in counters) + sum(native.queued_ops(i) for i in indices)
     return Stats(
         ops=ops,
         launches=sum(c.launches for c in counters),
@@ -82,5 +81,4 @@ def reset_stats() -> None:
     """Zero every counter and set each device's peak memory to what is allocated now."""
     CONTEXT.runtime.synchronize(None)
     CONTEXT.runtime.reset_counters()
-    CONTEXT.reset_counters()
     SWITCH.adaptive.reset_counters()

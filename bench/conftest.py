@@ -19,13 +19,6 @@ def pytest_collect_file(file_path, parent):
     return None
 
 
-def pytest_configure(config):
-    # The device stream (compiled once per machine) is built before timing starts, not in
-    # the background during a measurement. NEURON_ASYNC_LAUNCH=0 measures without it.
-    if stream.async_launch_setting() != "0":
-        stream.build()
-
-
 def pytest_report_header(config):
     return f"adaptive-eager device stream: {stream.stream_status()}"
 

@@ -20,9 +20,6 @@ class DeviceConfig:
     capacity_bytes: int  # per device
     launch_overhead_us: float
     spend_launch_overhead: bool  # also spend the modelled overhead in wall-clock time
-    # NEURON_TENSORS=native (the default): neuron tensors are real PrivateUse1 tensors run by
-    # the C++ eager path (csrc/eager.cpp); 'wrapper': the NeuronTensor subclass, going away.
-    native_tensors: bool = True
 
     @staticmethod
     def from_env(env=None) -> "DeviceConfig":
@@ -44,12 +41,14 @@ class DeviceConfig:
         capacity = _size_env(env, "NEURON_DEVICE_MEMORY", default_capacity)
         overhead = _float_env(env, "NEURON_LAUNCH_OVERHEAD_US", profile.launch_overhead_us)
         spend = env.get("NEURON_SPEND_LAUNCH_OVERHEAD", "0").strip() not in ("", "0", "false", "no")
-        tensors = env.get("NEURON_TENSORS", "native").strip().lower() or "native"
-        if tensors not in ("wrapper", "native"):
+        tensors = env.get("NEURON_TENSORS", "native").strip().lower()
+        if tensors not in ("", "native"):
+            # The wrapper-subclass tensors are gone: a setting that asks for them must not be
+            # ignored silently.
             raise NeuronConfigError(
-                f"NEURON_TENSORS={tensors!r} is not a tensor kind; use 'native' (the default: real "
-                f"PrivateUse1 tensors) or 'wrapper'.")
-        return DeviceConfig(profile, lnc, count, capacity, overhead, spend, tensors == "native")
+                f"NEURON_TENSORS={tensors!r}: neuron tensors are always real PrivateUse1 tensors now "
+                f"(the 'wrapper' kind was removed); unset NEURON_TENSORS.")
+        return DeviceConfig(profile, lnc, count, capacity, overhead, spend)
 
 
 def int_env(env, key: str, default: int, minimum: int) -> int:

@@ -62,6 +62,7 @@ queued_ops = _C.queued_ops
 last_fused_launch = _C.last_fused_launch
 submit_queue = _C.submit_queue
 launch_in_flight = _C.launch_in_flight
+launch_finished = _C.launch_finished
 finish_launch = _C.finish_launch
 failed_index = _C.failed_index
 set_failure = _C.set_failure

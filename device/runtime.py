@@ -172,8 +172,8 @@ class Runtime:
                        [d.generator for d in self.devices])
 
     def install_eager(self) -> None:
-        """Register the C++ eager path of native tensors (NEURON_TENSORS=native), with this
-        runtime's cost figures. Once per process, after install()."""
+        """Register the C++ eager path (csrc/eager.cpp), with this runtime's cost figures.
+        Once per process, after install()."""
         rates = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
         native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32))
 

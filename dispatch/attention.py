@@ -15,10 +15,9 @@ where the decomposition would draw it). Both compute exactly what the host kerne
 autograd compute. Only a mask that needs a gradient keeps the C++ body's differentiable
 ATen ops (several launches), so autograd records the same backward as on CPU.
 
-Under `torch.inference_mode()` the autograd key is skipped: the op reaches
-`__torch_dispatch__` whole, and the executor runs this same function
-(`_neuron_decomposition`, Executor.decomposed), not the C++ decomposition, whose
-PrivateUse1 choice stub would always take the math path.
+Under `torch.inference_mode()` the autograd key is skipped: the same function is the op's
+PrivateUse1 kernel, not the C++ decomposition, whose PrivateUse1 choice stub would always
+take the math path.
 """
 from __future__ import annotations
 
@@ -62,9 +61,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def register(lib: torch.library.Library, native_tensors: bool = False) -> None:
+def register(lib: torch.library.Library) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
-    if native_tensors:  # inference_mode skips the autograd key; native ops never reach an executor
-        lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")
-    # Under inference_mode the op skips that key and reaches the executor whole: the same choice.
-    aten.scaled_dot_product_attention.default._neuron_decomposition = _sdpa
+    # inference_mode skips the autograd key: the same choice below it.
+    lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")

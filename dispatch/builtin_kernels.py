@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .custom_kernels import custom_kernel
-from .kernels import DefaultGeneratorLent
+from .rng import DefaultGeneratorLent
 
 aten = torch.ops.aten
 # Keys the autograd kernel above a host op excludes (AutoDispatchBelowADInplaceOrView); a
@@ -256,10 +256,8 @@ def _rms_norm_kernel(input, normalized_shape, weight=None, eps=None):
     return rms_norm(input, list(normalized_shape), weight, eps)
 
 
-def register(lib: torch.library.Library, native_tensors: bool = False) -> None:
+def register(lib: torch.library.Library) -> None:
     """Route aten ops on neuron to the shipped kernels (attention: see attention.py)."""
     lib.impl("rms_norm", _rms_norm_kernel, "AutogradPrivateUse1")
-    if native_tensors:  # inference_mode skips the autograd key; native ops never reach an executor
-        lib.impl("rms_norm", _rms_norm_kernel, "PrivateUse1")
-    # Under inference_mode the op reaches the executor whole: one op there too.
-    aten.rms_norm.default._neuron_decomposition = _rms_norm_kernel
+    # inference_mode skips the autograd key: one op below it too.
+    lib.impl("rms_norm", _rms_norm_kernel, "PrivateUse1")

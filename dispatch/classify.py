@@ -25,11 +25,6 @@ RESIZING_OPS = frozenset({
 })
 # torch.distributed's collectives (c10d::allreduce_, ...) live in this operator namespace.
 COLLECTIVE_NAMESPACE = "c10d"
-# Ops that may take CPU index tensors with neuron data, as CUDA allows.
-CPU_INDEX_OPS = frozenset({
-    aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
-    aten._index_put_impl_.default,
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,20 +37,11 @@ class OpInfo:
     written_kwargs: tuple[str, ...]
     # for each return: ("arg", i) / ("kwarg", name) if it is a written input, else None
     return_aliases: tuple[tuple[str, object] | None, ...]
-    is_inplace: bool  # writes self (add_, copy_, index_put_)
-    is_out: bool  # has out= arguments
-    is_view: bool  # some output is a view of an input
     is_random: bool
-    generator_arg: str | None  # name of the Generator? argument, if the schema has one
     is_host_read: bool
     has_data_dependent_shape: bool
     may_resize: bool
-    allows_cpu_indices: bool
     device_arg: str | None  # name of a `Device?` argument (factories, _to_copy)
-    returns_tensor_list: bool
-    # CompositeImplicitAutograd ops reach __torch_dispatch__ whole only when autograd is
-    # skipped (inference_mode): they must then be decomposed, as the autograd key would.
-    decomposes: bool
     has_flop_formula: bool  # torch.utils.flop_counter knows this op (matmuls, convolutions)
     # A c10d collective (all_reduce, broadcast, ...): a sync point of its inputs, run by
     # dispatch/distributed.py's kernel, never deferred into a trace (Note [Collectives]).
@@ -87,11 +73,6 @@ def classify(op: torch._ops.OpOverload) -> OpInfo:
     info = getattr(op, "_neuron_info", None)
     if info is None:
         info = _cache[op] = _classify(op)
-        if info.is_collective:
-            # Executors run ops with a `_neuron_special` kernel as sync points. Imported
-            # here, at an op's first sight: distributed.py builds on kernels.py, which needs us.
-            from .distributed import run_collective
-            op._neuron_special = run_collective
         op._neuron_info = info
     return info
 
@@ -110,7 +91,7 @@ def _classify(op) -> OpInfo:
                 ref = ("arg", i)
             for s in ai.before_set:
                 alias_of[s] = ref
-    return_aliases, is_view = [], False
+    return_aliases = []
     for r in schema.returns:
         ai = r.alias_info
         ref = None
@@ -118,27 +99,22 @@ def _classify(op) -> OpInfo:
             sets = list(ai.before_set)
             if ai.is_write and sets and sets[0] in alias_of:
                 ref = alias_of[sets[0]]
-            elif not ai.is_write:
-                is_view = True
         return_aliases.append(ref)
     tags = set(op.tags)
-    gen = next((a.name for a in schema.arguments if "Generator" in str(a.type)), None)
+    random = torch.Tag.nondeterministic_seeded in tags or any("Generator" in str(a.type) for a in schema.arguments)
     dev = next((a.name for a in schema.arguments if "Device" in str(a.type)), None)
     is_out = bool(written_kwargs)
     return OpInfo(
         op=op, name=str(op), written_args=tuple(written_args),
         written_kwargs=tuple(written_kwargs), return_aliases=tuple(return_aliases),
-        is_inplace=0 in written_args, is_out=is_out, is_view=is_view,
-        is_random=torch.Tag.nondeterministic_seeded in tags or gen is not None,
-        generator_arg=gen, is_host_read=op in HOST_READ_OPS,
+        is_random=random,
+        is_host_read=op in HOST_READ_OPS,
         has_data_dependent_shape=(torch.Tag.dynamic_output_shape in tags
                                   or torch.Tag.data_dependent_output in tags),
         # inplace_view ops (t_, unsqueeze_, as_strided_) change the written tensor's
-        # sizes/strides, so the wrapper's metadata must be refreshed like after resize_.
+        # sizes/strides, as resize_ does.
         may_resize=is_out or op in RESIZING_OPS or torch.Tag.inplace_view in tags,
-        allows_cpu_indices=op in CPU_INDEX_OPS, device_arg=dev,
-        returns_tensor_list=any(str(r.type).startswith("Tensor[]") for r in schema.returns),
-        decomposes=torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"),
+        device_arg=dev,
         has_flop_formula=op._overloadpacket in flop_registry,
         is_collective=op.namespace == COLLECTIVE_NAMESPACE,
         cost_hook=COST_HOOKS.get(op),

@@ -10,13 +10,11 @@ tensors (the bytes the emulated device holds), plus an optional cost estimate:
     scale.register_autograd(lambda ctx, g: (scale(g, ctx.s), None),
                             setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
 
-Nothing else is needed for it to work on `neuron`: the op reaches
-`NeuronTensor.__torch_dispatch__` whole (its implementation is registered on
-CompositeExplicitAutograd, below the Python key), runs as one launch in eager mode, is
-one op of a trace in adaptive mode (recorded, matched and replayed like any ATen op), and
-its `register_autograd` backward is whatever ops the user's backward calls (one launch if
-that is another custom kernel). On native tensors (NEURON_TENSORS=native) a PrivateUse1
-kernel does the same in eager mode: Note [Custom kernels on native tensors].
+Nothing else is needed for it to work on `neuron`: a PrivateUse1 kernel runs the op whole
+as one launch in eager mode (Note [Custom kernels on native tensors]), it is one op of a
+trace in adaptive mode (recorded, matched and queued like any ATen op), and its
+`register_autograd` backward is whatever ops the user's backward calls (one launch if that
+is another custom kernel).
 
 Note [Custom kernel cost]: the device's cost model prices an op from the bytes it reads and
 writes and, where torch.utils.flop_counter has a formula, its FLOPs. A custom kernel knows
@@ -31,11 +29,12 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.utils._pytree as pytree
 
-from device import get_runtime, native
+from device import native
 
 from .classify import COST_HOOKS, classify, forget
 from .context import CONTEXT
-from .kernels import DefaultGeneratorLent, priced_us
+from .pricing import priced_us
+from .rng import DefaultGeneratorLent
 
 CostFn = Callable[..., dict]
 
@@ -59,9 +58,8 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
 
     def register(fn):
         op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema, tags=tags)
-        if get_runtime().config.native_tensors:
-            # "privateuseone", not "neuron": our own kernels are defined before the rename.
-            op.register_kernel("privateuseone", _on_host(fn, op._opoverload))
+        # "privateuseone", not "neuron": our own kernels are defined before the rename.
+        op.register_kernel("privateuseone", _on_host(fn, op._opoverload))
         if cost is not None:
             set_cost(op, cost)
         if fake:
@@ -71,10 +69,10 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
 
 
 def _on_host(fn, overload):
-    """Note [Custom kernels on native tensors]: native neuron tensors run every op in C++,
-    where a Python kernel's body would be many launches on device tensors. This kernel runs
-    the body once, on host aliases of the device's bytes, adopts its results (zero-copy,
-    charged to the device) and charges one launch, priced as the wrapper prices it."""
+    """Note [Custom kernels on native tensors]: neuron tensors run every op in C++, where a
+    Python kernel's body would be many launches on device tensors. This kernel runs the body
+    once, on host aliases of the device's bytes, adopts its results (zero-copy, charged to
+    the device) and charges one launch, priced by its cost estimate (dispatch/pricing.py)."""
 
     def kernel(*args, **kwargs):
         # While adaptive mode is on, the engine may queue the call (Note [Deferred launches]

@@ -3,8 +3,8 @@
 Note [Opaque to Dynamo]: while torch.compile runs a compiled function, Dynamo's frame hook
 is installed, and any Python frame that starts in that time is offered to Dynamo to compile:
 the parts between graphs (a graph break such as `.item()`), a frame Dynamo gave up on, and
-the frames C++ calls back into, such as `NeuronTensor.__torch_dispatch__`, our PrivateUse1
-kernels and the device guard. Compiling those is wrong: it traces the engine's bookkeeping
+the frames C++ calls back into, such as the engine's route, our PrivateUse1 kernels and
+the host sync. Compiling those is wrong: it traces the engine's bookkeeping
 with fake tensors, where it fails (`nbytes` of a symbolic size) or, worse, records side
 effects as a graph. It happened whenever a compiled call fell back to running eagerly, for
 instance when a structured-trace handler on the `torch.__trace` logger (pytest 9.2's logging
@@ -14,7 +14,7 @@ Torch's own code is skipped by file (Dynamo's SKIP_DIRS), but registering direct
 needs `torch._dynamo` imported, which costs seconds at `import torch`. Instead each of our
 code objects carries Dynamo's frame strategy (SKIP, SKIP), read by the C hook alone:
 this frame is not compiled, nor is any frame it calls, whatever file that is in (a user's
-custom kernel, a replay we generate with `exec`). It costs nothing when Dynamo is not running.
+custom kernel, a matcher we generate with `exec`). It costs nothing when Dynamo is not running.
 """
 from __future__ import annotations
 

@@ -11,11 +11,9 @@ import device as neuron_device
 from device import native
 from device.torch_module import build_module
 
-from . import attention, autocast, builtin_kernels, distributed, host_compat, optim_compat, transfers
+from . import attention, autocast, builtin_kernels, distributed
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
-from .factories import register_factories
-from .tensor import NEURON_DEVICES
 
 SUPPORTED_TORCH = ((2, 13),)
 BACKEND_NAME = "neuron"
@@ -55,25 +53,17 @@ def register() -> None:
         torch._register_device_module(BACKEND_NAME, build_module(runtime))
         # The guard and hooks in C++, not torch's Python ones: Note [C++ device guard].
         runtime.install()
-        NEURON_DEVICES[:] = [torch.device(BACKEND_NAME, i) for i in range(runtime.device_count)]
+        # Every op of a neuron tensor runs in C++ (csrc/eager.cpp) unless the engine takes it.
+        runtime.install_eager()
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)
-        if runtime.config.native_tensors:
-            # Real PrivateUse1 tensors: every op runs in C++ (csrc/eager.cpp), eager mode only.
-            runtime.install_eager()
-        else:
-            register_factories(lib)
-            transfers.register_copy_kernels(lib)
-        # The device's own kernels (one launch each way), on either kind of tensor: Note
-        # [Custom kernels on native tensors] in custom_kernels.py.
-        attention.register(lib, native_tensors=runtime.config.native_tensors)
-        builtin_kernels.register(lib, native_tensors=runtime.config.native_tensors)
+        # The device's own kernels (one launch each way): Note [Custom kernels on native
+        # tensors] in custom_kernels.py.
+        attention.register(lib)
+        builtin_kernels.register(lib)
         autocast.register(lib)
-        host_compat.install(runtime, native_tensors=runtime.config.native_tensors)
-        optim_compat.install()
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()
-        CONTEXT.ops = [0] * runtime.device_count
         if CONTEXT.executor is None:
             install_executor(EagerExecutor())
         runtime.add_sync_hook(_drain_executor)
@@ -81,8 +71,8 @@ def register() -> None:
         # runs what the engine holds back first: Note [One queue per device].
         native.set_synchronizer(lambda index: runtime.synchronize(None if index < 0 else index))
         runtime.add_drain_hook(_wait_for_executor)
-        # A launch still on the device stream (device/stream.py) must not run on while the
-        # interpreter exits, nor be in flight when the process forks (the child has no worker).
+        # A launch still on the device stream (Note [The device stream]) must not run on while
+        # the interpreter exits, nor be in flight when the process forks (the child has no worker).
         atexit.register(_wait_for_executor)
         os.register_at_fork(before=_wait_for_executor)
         CONTEXT.runtime = runtime  # last: marks registration complete

@@ -10,9 +10,9 @@ CRASHES: ops that abort or segfault the process; they are not run at all. (None 
 a full float32 sweep, and complex64/int64/bfloat16 sweeps, ran to the end in one process.)
 """
 
-_SPARSE = ("sparse layouts are not supported: a NeuronTensor wraps a strided host tensor, so an op "
-           "producing a {layout} tensor raises 'neuron tensors are dense (strided) only' "
-           "(wrap_new; sparse tensors have no storage to track)")
+_SPARSE = ("sparse layouts are not supported: neuron tensors are strided tensors on the neuron "
+           "allocator's memory, so an op producing a {layout} tensor raises 'neuron tensors are dense "
+           "(strided) only' (the C++ eager path; a sparse tensor has no one storage to hold)")
 
 EXPECTED_FAILURES: dict[str, tuple[type[Exception], str]] = {
     "to_sparse": (NotImplementedError, _SPARSE.format(layout="sparse_coo")),

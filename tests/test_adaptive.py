@@ -10,10 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import adaptive_eager
-from dispatch import CONTEXT
 
-WARMUP = 5
-NATIVE = CONTEXT.runtime.config.native_tensors  # NEURON_TENSORS=native (test_native_tensors.py)  # steps allowed before the steady state
+WARMUP = 5  # steps allowed before the steady state
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
-"""torch.compile on neuron: the `neuron` Dynamo backend and tracing through NeuronTensor.
+"""torch.compile on neuron: the `neuron` Dynamo backend.
 
 Each compiled graph (forward, backward) runs as ONE launch on the device: the launches are
-observed by recording `Runtime.launch` calls, where a compiled graph is the launch holding
+observed in the C++ clock's launch log, where a compiled graph is the launch holding
 more than one op (in eager mode every other launch holds exactly one). Values are compared
 with the same model run without compiling, within torch.compile's usual tolerance.
 See Note [Compiled graphs] in dispatch/compile_backend.py.
@@ -22,10 +22,9 @@ import torch._inductor.exc
 from torch import nn
 
 import adaptive_eager
-from dispatch import CONTEXT
 from dispatch.compile_backend import neuron_backend
 from device import native
-from neuron_tensors import NATIVE, is_neuron_tensor
+from neuron_tensors import is_neuron_tensor
 from subproc import SUBPROCESS_TIMEOUT_S
 
 
@@ -38,33 +37,16 @@ def _fresh_dynamo():
 
 
 class LaunchLog:
-    """Every launch as (device index, num_ops), while installed: Runtime.launch's calls on
-    the wrapper, the C++ clock's launch log on native tensors."""
+    """Every launch as (device index, num_ops), while installed: the C++ clock's launch log."""
 
-    def __init__(self, monkeypatch):
-        self.calls: list[tuple[int, int]] = []
-        if NATIVE:
-            native.set_launch_log(True)
-            monkeypatch.setattr(self, "take", self._take_native)
-            return
-        real = CONTEXT.runtime.launch
-
-        def launch(index, cost_us, num_ops=1):
-            self.calls.append((index, num_ops))
-            return real(index, cost_us, num_ops)
-
-        monkeypatch.setattr(CONTEXT.runtime, "launch", launch)
+    def __init__(self):
+        native.set_launch_log(True)
 
     def take(self) -> list[tuple[int, int]]:
-        calls, self.calls = self.calls, []
-        return calls
-
-    def _take_native(self) -> list[tuple[int, int]]:
         return [tuple(c) for c in native.take_launch_log()]
 
     def close(self) -> None:
-        if NATIVE:
-            native.set_launch_log(False)
+        native.set_launch_log(False)
 
     def graph_launches(self) -> list[int]:
         """num_ops of the launches since the last take that ran more than one op, then take."""
@@ -72,8 +54,8 @@ class LaunchLog:
 
 
 @pytest.fixture
-def launches(monkeypatch):
-    log = LaunchLog(monkeypatch)
+def launches():
+    log = LaunchLog()
     yield log
     log.close()
 
@@ -142,8 +124,6 @@ def test_compiled_launch_is_counted_by_stats_with_the_graph_ops():
     s = adaptive_eager.stats()
     assert s.launches == 1
     assert s.kernel_ops >= 3  # addmm, relu, addmm (plus views): one launch holds them all
-    if not NATIVE:  # (native: ops are the ones the device ran, here the graph's)
-        assert s.ops == 0  # no op went through per-op dispatch
     assert s.device_time_us > s.launch_overhead_us  # the graph's roofline cost was charged
 
 
@@ -219,9 +199,7 @@ def test_adamw_training_in_adaptive_mode_matches_uncompiled(cls):
 
 def _still_held_back(t) -> bool:
     """t is the output of an op the adaptive engine has not launched yet."""
-    if NATIVE:
-        return t.data_ptr() == 0  # a deferred output's bytes are made when its launch runs
-    return t._data is None and t._cell.data is None
+    return t.data_ptr() == 0  # a deferred output's bytes are made when its launch runs
 
 
 def test_compiled_call_sees_values_the_adaptive_engine_still_holds_back():
@@ -301,9 +279,9 @@ def test_dropout_in_a_compiled_graph_draws_from_the_device_generator():
     assert torch.equal(torch.default_generator.get_state(), cpu_state)  # the CPU generator untouched
 
 
-@pytest.mark.xfail(NATIVE, strict=True, raises=torch._inductor.exc.InductorError,
-                   reason="inductor has no codegen or device interface registered for 'neuron' on native "
-                          "tensors yet (KeyError: 'neuron'); backend='neuron' compiles them")
+@pytest.mark.xfail(strict=True, raises=torch._inductor.exc.InductorError,
+                   reason="inductor has no codegen or device interface registered for 'neuron' yet "
+                          "(KeyError: 'neuron'); backend='neuron' compiles them")
 def test_inductor_on_neuron_inputs_returns_neuron_tensors():
     torch.manual_seed(0)
     ref = mlp().to("neuron")
@@ -356,18 +334,6 @@ def test_compile_with_structured_trace_logging_on_runs_the_graphs_as_launches(st
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
-@pytest.mark.skipif(NATIVE, reason="the wrapper's tracing wrappers; native tensors trace as fake PrivateUse1 tensors")
-def test_a_traced_neuron_tensor_prints_without_reading_its_value():
-    """AOTAutograd's structured log repr()s the tensors it traces with: fake data, no value."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from dispatch.compile_backend import tracing_wrapper
-
-    with FakeTensorMode():
-        fake = torch.empty(2, 3)
-    assert repr(tracing_wrapper(fake, 0)) == "NeuronTensor(..., size=(2, 3), dtype=torch.float32, device='neuron:0')"
-
-
 def _our_files() -> tuple[str, ...]:
     import device
     import dispatch
@@ -409,8 +375,8 @@ def test_host_copies_and_device_factories_inside_a_graph(launches):
         a = torch.ones(2, device="neuron")
         launches.take()
         r = factory(a)
-        # ones, (on the wrapper) its copy to the graph's host tensors, and add: one launch
-        assert launches.graph_launches() == [2 if NATIVE else 3]
+        # ones and add: one launch
+        assert launches.graph_launches() == [2]
     assert is_neuron_tensor(r)
     assert torch.equal(r.cpu(), torch.full((2,), 2.0))
     made = torch.compile(lambda a: (a * 2, torch.zeros(3, device=a.device)), backend="neuron")

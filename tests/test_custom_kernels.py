@@ -16,9 +16,7 @@ from dispatch.record import record_ops
 SDPBackend = torch.nn.attention.SDPBackend
 
 
-# With NEURON_TENSORS=native (tests/test_native_tensors.py runs this file so too) the kernels
-# are offered to the engine by their Python kernel (native.offer): both modes hold there too.
-NATIVE = CONTEXT.runtime.config.native_tensors
+# The kernels are offered to the engine by their Python kernel (native.offer): both modes.
 MODES = ("eager", "adaptive")
 
 
@@ -452,8 +450,7 @@ def test_training_with_both_kernels_matches_cpu_in_eager_and_adaptive_mode():
         assert losses == cpu_losses, mode
         for a, b in zip(params, cpu_params):
             assert torch.equal(a, b), mode
-    if not NATIVE:
-        assert per_step[-1] == 1, per_step  # adaptive: a whole step, both kernels included, is one launch
+    assert per_step[-1] == 1, per_step  # adaptive: a whole step, both kernels included, is one launch
     with record_ops(devices=["neuron"], source=False) as rec:
         _train("neuron", "eager", steps=1)
     kernels = [n for n in rec.names() if n.startswith("neuron.")]
@@ -469,5 +466,4 @@ def test_training_with_attention_dropout_matches_cpu_in_eager_and_adaptive_mode(
         assert losses == cpu_losses, mode
         for a, b in zip(params, cpu_params):
             assert torch.equal(a, b), mode
-    if not NATIVE:
-        assert per_step[-1] == 1, per_step  # the dropout kernel joins the step's fused launch
+    assert per_step[-1] == 1, per_step  # the dropout kernel joins the step's fused launch

@@ -54,6 +54,7 @@ def test_trn3_profile_and_device_count_come_from_the_environment():
     ("NEURON_DEVICE_MEMORY", "lots", "NEURON_DEVICE_MEMORY='lots' is not a size"),
     ("NEURON_LOGICAL_NC_CONFIG", "3", "NEURON_LOGICAL_NC_CONFIG=3 must divide the 8 NeuronCores"),
     ("NEURON_LAUNCH_OVERHEAD_US", "-1", "NEURON_LAUNCH_OVERHEAD_US=-1.0 is negative"),
+    ("NEURON_TENSORS", "wrapper", "NEURON_TENSORS='wrapper': neuron tensors are always real PrivateUse1 tensors now"),
 ])
 def test_bad_configuration_values_are_named_with_the_fix(key, value, message):
     with pytest.raises(NeuronConfigError) as err:

@@ -14,7 +14,6 @@ import torch
 import adaptive_eager
 from device import native
 from device.errors import NeuronDeviceError
-from neuron_tensors import NATIVE
 from subproc import run_json
 
 MODES = ["eager", "adaptive"]
@@ -106,13 +105,7 @@ def test_accelerator_device_index_context_switches_the_neuron_device():
     assert torch.neuron.current_device() == previous
 
 
-@pytest.mark.parametrize("mode", [
-    "eager",
-    # Native tensors pass (4 of 4 runs): their engine's steps between ops are fewer and in C++.
-    pytest.param("adaptive", marks=pytest.mark.xfail(
-        not NATIVE, strict=True, reason="issue 13: an interrupt inside the engine's matcher leaves it "
-                                        "half-updated (IndexError in _match_fast at a later op); no longer an abort")),
-])
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
 def test_ctrl_c_during_training_is_a_keyboard_interrupt_never_an_abort(mode):
     # Interrupts land anywhere in the step, guard calls included; the loop catches them and
     # goes on, as a notebook does. The process must finish on its own. The handler raises only

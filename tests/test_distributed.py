@@ -75,7 +75,7 @@ def test_all_reduce_sums_and_maxes_neuron_tensors_in_place(ranks):
 
 
 def test_all_reduce_does_not_charge_device_memory_again(ranks):
-    # the op returns the tensors it wrote: they must come back as the same wrappers
+    # the op writes its inputs in place: no new device memory
     assert all(r["memory_unchanged_by_all_reduce"] for r in ranks)
 
 
@@ -117,18 +117,14 @@ def test_a_cpu_tensor_in_a_neuron_collective_is_refused_with_the_device_error(ra
     for r in ranks:
         assert r["mixed_device_error"] is not None, "all_gather mixed cpu and neuron tensors silently"
         assert "Expected all tensors to be on the same device" in r["mixed_device_error"]
-        # the op, as the wrapper's Python names it (c10d.allgather_) or the C++ dispatcher does
-        assert re.search(r"c10d(\.|::)allgather_", r["mixed_device_error"]), r["mixed_device_error"]
+        assert "c10d::allgather_" in r["mixed_device_error"], r["mixed_device_error"]  # the op, named
 
 
 # -- the adaptive engine ---------------------------------------------------------------------------
-def test_collectives_are_classified_as_collectives_with_their_own_kernel():
-    from dispatch.distributed import run_collective
-
+def test_collectives_are_classified_as_collectives():
     for op in (torch.ops.c10d.allreduce_.default, torch.ops.c10d.broadcast_.default,
                torch.ops.c10d._allgather_base_.default, torch.ops.c10d._reduce_scatter_base_.default):
         assert classify(op).is_collective
-        assert op._neuron_special is run_collective
     assert not classify(torch.ops.aten.add.Tensor).is_collective
 
 

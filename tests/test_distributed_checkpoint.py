@@ -1,7 +1,6 @@
 """torch.distributed.checkpoint (DCP) with neuron loaded: it asks the accelerator for its
 current stream (`torch.neuron.current_stream`), which was missing, so even a CPU state dict
-failed to save, with a BaseException that `except Exception` misses. Also run with
-NEURON_TENSORS=native (tests/test_native_tensors.py)."""
+failed to save, with a BaseException that `except Exception` misses."""
 from __future__ import annotations
 
 import warnings

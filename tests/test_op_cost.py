@@ -1,15 +1,13 @@
-"""The eager path's FLOP count (dispatch.kernels.op_cost_us) agrees with torch's flop_counter.
-
-kernels.py calls torch's formulas on shapes it computes itself (flop_registry's wrapper
-costs ~35 us per op); these tests pin that the counts stay torch's.
+"""The device's FLOP counts agree with torch's flop_counter: the C++ eager path's, and
+dispatch/pricing.py's (custom kernels), which calls torch's formulas on shapes it computes
+itself (flop_registry's wrapper costs ~35 us per op).
 """
 import pytest
 import torch
 from torch.utils.flop_counter import flop_registry
 
 import adaptive_eager
-from dispatch.kernels import _shape_flop_formula, _shape_of
-from neuron_tensors import NATIVE
+from dispatch.pricing import _shape_flop_formula, _shape_of
 
 aten = torch.ops.aten
 
@@ -40,21 +38,6 @@ def test_ops_without_a_formula_have_none():
     assert _shape_flop_formula(aten.add.Tensor) is None
 
 
-@pytest.mark.skipif(NATIVE, reason="the wrapper's Python cost model; native tensors: the test below")
-def test_addmm_on_neuron_charges_the_cost_model_its_flops(monkeypatch):
-    from dispatch import CONTEXT
-
-    cost = CONTEXT.runtime.cost
-    seen = []
-    real = cost.op_us
-    monkeypatch.setattr(cost, "op_us", lambda flops, nbytes, dtype: seen.append(flops) or real(flops, nbytes, dtype))
-    bias, a, b = (torch.randn(5, device="neuron"), torch.randn(4, 8, device="neuron"),
-                  torch.randn(8, 5, device="neuron"))
-    seen.clear()
-    torch.addmm(bias, a, b)
-    assert seen == [2 * 4 * 5 * 8]
-
-
 # Shapes large enough that each op is compute-bound in the cost model, so the time it is
 # charged says how many FLOPs it was counted (memory-bound, any count would price the same).
 BIG = {
@@ -80,7 +63,6 @@ def _on_neuron(a):
     return a.to("neuron") if isinstance(a, torch.Tensor) else a
 
 
-@pytest.mark.skipif(not NATIVE, reason="the C++ eager path of native tensors")
 @pytest.mark.parametrize("name", sorted(BIG))
 def test_the_cpp_eager_path_charges_torchs_flop_count(name):
     from dispatch import CONTEXT

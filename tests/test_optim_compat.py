@@ -1,8 +1,7 @@
 """Optimizers on neuron take the path they take on TorchNeuron: `foreach` by default.
 
-On a real PrivateUse1 device the parameters are plain tensors, so torch.optim defaults to
-foreach (NEURON_TENSORS=native); our NeuronTensor wrapper is registered as a
-foreach-supported type to keep that (see dispatch/optim_compat.py). On CPU the default stays the per-parameter loop.
+On a PrivateUse1 device the parameters are plain tensors, so torch.optim defaults to
+foreach, as on CUDA. On CPU the default stays the per-parameter loop.
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from torch.optim.optimizer import _default_to_fused_or_foreach
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import adaptive_eager
-from neuron_tensors import NATIVE
 
 
 class OpCounter(TorchDispatchMode):
@@ -57,8 +55,6 @@ def _step_ops(device, **adamw_kwargs):
 
 def test_neuron_parameters_default_to_foreach_and_cpu_ones_do_not():
     neuron_params = list(_model("neuron").parameters())
-    if not NATIVE:
-        assert type(neuron_params[0]) is not torch.nn.Parameter  # still our subclass
     assert _default_to_fused_or_foreach(neuron_params, differentiable=False) == (False, True)
     assert _default_to_fused_or_foreach(list(_model("cpu").parameters()), differentiable=False) == (False, False)
 

@@ -18,7 +18,6 @@ from torch.profiler import ProfilerActivity, profile
 
 import adaptive_eager
 from device import profiling
-from neuron_tensors import NATIVE
 
 FUSED = re.compile(r"neuron::fused\[trace (\d+), (\d+) ops(?:: (.+) -> (.+))?\]$")
 
@@ -80,19 +79,6 @@ def test_no_range_is_created_while_no_profiler_runs(monkeypatch):
         step().item()
     assert adaptive_eager.stats().fused_launches > 0  # both kinds of launch did run
     assert made == []
-
-
-@pytest.mark.skipif(NATIVE, reason="native eager ranges are opened in C++ (device/csrc/ranges.cpp), not by this "
-                                    "Python helper; the exported-trace tests below check them")
-def test_a_running_profiler_gets_one_range_and_one_device_time_per_eager_op(monkeypatch, tmp_path):
-    # The counterpart of the test above: the same patch sees ranges once a profiler runs.
-    made = []
-    real = profiling._RecordFunctionFast
-    monkeypatch.setattr(profiling, "_RecordFunctionFast", lambda *a: made.append(a[0]) or real(*a))
-    x = torch.zeros(16, device="neuron")
-    with adaptive_eager.mode("eager"):
-        _profile(lambda: x.add_(1), tmp_path)
-    assert made == ["neuron::aten::add_", profiling.DEVICE_TIME]
 
 
 # -- eager launches -----------------------------------------------------------------------------
@@ -157,8 +143,8 @@ def test_eager_training_loop_shows_per_op_ranges_transfers_and_no_fused_launch(t
 def test_factory_launches_in_eager_mode_are_ranges_too(tmp_path):
     with adaptive_eager.mode("eager"):
         _, events = _profile(lambda: torch.ones(3, device="neuron"), tmp_path)
-    # Native tensors take torch's own composite (empty + fill_): fill_ is the launch.
-    (r,) = _named(events, "neuron::aten::fill_" if NATIVE else "neuron::aten::ones")
+    # torch's own composite (empty + fill_): fill_ is the launch.
+    (r,) = _named(events, "neuron::aten::fill_")
     assert len(_device_times(events, r)) == 1
 
 
@@ -218,8 +204,8 @@ def test_fused_range_names_carry_first_and_last_source_lines_when_asked(tmp_path
     assert full, [m.group(0) for m in names]
     first, last = full[0].group(3), full[0].group(4)
     assert (first, last) == (trace.sources[0], trace.sources[-1])
-    # The last op is the step's (wrapper: the trace is cut inside opt.step) or a backward op
-    # (native: cut where opt.step begins), which the autograd engine issued, with no Python caller.
+    # The last op is the step's, or a backward op (a trace cut elsewhere), which the autograd
+    # engine issued, with no Python caller.
     assert "test_profiler.py" in first and ("test_profiler.py" in last or last == "(autograd engine)")
 
 
@@ -317,10 +303,10 @@ def test_a_sync_in_the_middle_of_a_trace_launches_the_prefix_inside_its_range(tm
         return print_value
 
     _, events = _profile(run, tmp_path)
-    # The wrapper reads the value at once (`host read`); on native tensors repr's first device
-    # op that must run now (`abs.out`, an out= op that may resize) is the sync point.
+    # repr's first device op that must run now (`abs.out`, an out= op that may resize) is
+    # the sync point.
     sync = _named(events, "neuron::sync[")[0]
-    assert sync["name"] == ("neuron::sync[aten.abs.out]" if NATIVE else "neuron::sync[host read]")
+    assert sync["name"] == "neuron::sync[aten.abs.out]"
     assert sync["args"]["pending_ops"] == 2
     (prefix,) = [e for e in _named(events, "neuron::fused[") if _inside(e, sync)]
     assert FUSED.match(prefix["name"]).group(2) == "2"

@@ -1,14 +1,11 @@
 """Fused launches on the device stream: the launch runs on a worker thread beside the host,
 and nothing the user can see differs from a launch on the issuing thread: values, errors,
-memory, the RNG, exit and fork. On wrapper tensors the stream is device/stream.py's module,
-built at run time (adaptive_eager/stream_launch.py); on native tensors it is the device
-extension's (Note [The device stream] in device/csrc/queue.cpp)."""
+memory, the RNG, exit and fork (Note [The device stream] in device/csrc/queue.cpp)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from dispatch.context import CONTEXT
 from device import native, stream
 from subproc import run_json
 from test_adaptive_semantics import _gather_step
@@ -16,14 +13,8 @@ from test_adaptive_semantics import _gather_step
 STEPS = 8
 
 
-NATIVE = CONTEXT.runtime.config.native_tensors
-wrapper_only = pytest.mark.skipif(NATIVE, reason="the wrapper's run-time-built stream module")
-
-
 @pytest.fixture(autouse=True)
 def _adaptive_with_stream():
-    if not NATIVE and stream.stream_module() is None:
-        pytest.skip(f"the device stream is not available here: {stream.stream_status()}")
     previous = adaptive_eager.get_mode()
     adaptive_eager.set_mode("adaptive")
     yield
@@ -192,7 +183,6 @@ def test_exit_and_fork_with_a_launch_in_flight_are_clean():
     assert out == {"child": 0}
 
 
-@wrapper_only
 def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
     # With a switch interval of minutes, this thread never hands the GIL over while it polls:
     # a launch that needed the GIL (a tensor with a Python object freed on the worker, say)
@@ -209,37 +199,17 @@ def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
         opt.zero_grad()
         net(x).square().mean().backward()
         opt.step()
-    job = SWITCH.adaptive.inflight.stream_job  # the last step's launch, submitted just now
-    module = stream.stream_module()
+    assert SWITCH.adaptive.inflight is not None  # the last step's launch, submitted just now
     previous = sys.getswitchinterval()
     sys.setswitchinterval(600.0)
     try:
         end = time.monotonic() + 30
-        while not module.finished(job) and time.monotonic() < end:
+        while not native.launch_finished() and time.monotonic() < end:
             pass
-        finished = module.finished(job)
+        finished = native.launch_finished()
     finally:
         sys.setswitchinterval(previous)
     assert finished
-
-
-@wrapper_only
-def test_without_a_compiler_launches_stay_on_the_issuing_thread(tmp_path):
-    out = run_json("""
-        import torch, adaptive_eager
-        from device import native, stream
-        def run(mode):
-            adaptive_eager.set_mode(mode)
-            x = torch.ones(64, 64).to('neuron')
-            for i in range(10):
-                x = torch.tanh(x @ x * 0.01 + 0.1)
-            return x.cpu()
-        same = torch.equal(run('adaptive'), run('eager'))
-        s = adaptive_eager.stats()
-        emit({'same': same, 'fused': s.fused_launches > 0, 'stream': s.stream_launches,
-              'status': stream.stream_status()[:5]})
-    """, env={"NEURON_ASYNC_LAUNCH": "1", "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)})
-    assert out == {"same": True, "fused": True, "stream": 0, "status": "sync:"}
 
 
 def test_a_step_that_reads_the_last_launchs_output_is_matched_without_waiting_for_it():
@@ -296,9 +266,9 @@ def test_stats_without_waiting_count_the_launch_on_the_device_stream_as_issued()
     in_flight = 0
     for _ in range(12):
         x = torch.tanh(x @ x * 0.001 + 0.1)
-        in_flight += NATIVE and native.launch_in_flight()
+        in_flight += native.launch_in_flight()
         issued = adaptive_eager.stats(wait=False)
         done = adaptive_eager.stats()
         assert (issued.launches, issued.ops) == (done.launches, done.ops)
     assert done.stream_launches > 0
-    assert in_flight > 0 or not NATIVE  # the counts above were read with a launch running
+    assert in_flight > 0  # the counts above were read with a launch running

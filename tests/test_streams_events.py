@@ -1,6 +1,5 @@
 """Streams and events on neuron (device/csrc/streams.cpp, Note [One queue per device]): the
-CUDA-style API that FSDP2, DCP and overlap schedules use, on the emulated clock. Also run
-with NEURON_TENSORS=native (tests/test_native_tensors.py), in eager mode, its only mode."""
+CUDA-style API that FSDP2, DCP and overlap schedules use, on the emulated clock."""
 from __future__ import annotations
 
 import threading
@@ -9,10 +8,8 @@ import pytest
 import torch
 
 import adaptive_eager
-from dispatch.context import CONTEXT
 
 NEURON = torch.device("neuron:0")
-NATIVE = CONTEXT.runtime.config.native_tensors
 
 
 @pytest.fixture(params=["eager", "adaptive"])

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import adaptive_eager
-from device import NeuronDeviceError
 from neuron_tensors import is_neuron_tensor
 from subproc import run_json
 

@@ -203,6 +203,7 @@ int64_t run_queue();
 // Runs the queue on the device stream instead (Note [The device stream]); false if empty.
 bool submit_queue();
 bool launch_in_flight();
+bool launch_finished();  // the launch on the stream has ended (its host has not collected it yet)
 // Waits until the launch on the stream has run (its outcome stays for finish_launch). Never
 // with the GIL held: the stream's thread may free Python-owned storages, which takes it.
 void wait_for_stream();

@@ -543,6 +543,11 @@ bool submit_queue() {
 
 bool launch_in_flight() { return g_worker->busy.load(); }
 
+bool launch_finished() {
+  std::unique_lock<std::mutex> guard(g_worker->lock);
+  return g_worker->finished;
+}
+
 void wait_for_stream() {
   if (g_worker->busy.load()) {
     g_worker->wait_finished();

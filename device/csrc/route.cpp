@@ -317,6 +317,7 @@ void bind_route(py::module_& m) {
   m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
   m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
   m.def("launch_in_flight", &neuron::launch_in_flight);
+  m.def("launch_finished", &neuron::launch_finished);
   m.def("finish_launch", &neuron::finish_launch, py::call_guard<py::gil_scoped_release>(),
         "wait for the launch on the stream; raises its op's error");
   m.def("failed_index", &neuron::failed_index, "the queue entry whose op failed in the last run_queue");

@@ -9,12 +9,9 @@ import pytest
 import torch
 
 import adaptive_eager
-from dispatch.context import CONTEXT
 
 NEURON = torch.device("neuron")
 
-pytestmark = pytest.mark.skipif(not CONTEXT.runtime.config.native_tensors,
-                                reason="runs in the NEURON_TENSORS=native process (test_native_tensors.py)")
 
 
 @pytest.fixture(autouse=True)

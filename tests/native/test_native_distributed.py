@@ -5,15 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 
-import pytest
 
-from dispatch.context import CONTEXT
 from torchrun import finish, torchrun
 
 WORKER = pathlib.Path(__file__).with_name("fsdp2_worker.py")
 
-pytestmark = pytest.mark.skipif(not CONTEXT.runtime.config.native_tensors,
-                                reason="runs in the NEURON_TENSORS=native process (test_native_tensors.py)")
 
 
 def test_fsdp2_trains_a_neuron_model_to_the_cpu_models_bits(tmp_path):

@@ -1,4 +1,4 @@
-"""Native neuron tensors (NEURON_TENSORS=native): real PrivateUse1 tensors with storage from
+"""Neuron tensors are real PrivateUse1 tensors with storage from
 the C++ allocator, every op run by the C++ eager path (device/csrc/eager.cpp).
 
 Each test pins a symptom of the wrapper design (issue 11's table) or a behaviour the
@@ -16,8 +16,6 @@ from dispatch.context import CONTEXT
 
 NEURON = torch.device("neuron")
 
-pytestmark = pytest.mark.skipif(not CONTEXT.runtime.config.native_tensors,
-                                reason="runs in the NEURON_TENSORS=native process (test_native_tensors.py)")
 
 
 # -- a neuron tensor is a tensor --------------------------------------------------------------
@@ -144,7 +142,7 @@ def test_each_op_is_one_launch_and_each_host_copy_one_transfer():
     assert s.device_time_us > 2 * CONTEXT.runtime.cost.launch_overhead_us
 
 
-def test_adaptive_mode_is_the_default_on_native_tensors_too():
+def test_adaptive_mode_is_the_default():
     assert adaptive_eager.get_mode() == "adaptive"
 
 
@@ -274,3 +272,13 @@ def test_an_out_argument_of_the_wrong_size_is_resized_as_on_cpu():
     out = torch.empty(0, device=NEURON)
     torch.mul(torch.arange(6.0, device=NEURON).view(2, 3), 2, out=out)
     assert out.shape == (2, 3) and torch.equal(out.cpu(), torch.arange(6.0).view(2, 3) * 2)
+
+
+def test_map_location_neuron_loads_a_cpu_checkpoint_onto_the_device():
+    """Once a footgun (the wrapper kept such tensors on the host): a real storage moves to
+    the device, as with 'cuda'."""
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(3.0)}, buf)
+    buf.seek(0)
+    w = torch.load(buf, map_location="neuron", weights_only=True)["w"]
+    assert w.device == torch.device("neuron:0") and w.tolist() == [0.0, 1.0, 2.0]

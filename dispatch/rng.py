@@ -1,0 +1,25 @@
+"""The device's random numbers on host code that can only draw from torch's default generator."""
+from __future__ import annotations
+
+import torch
+
+
+class DefaultGeneratorLent:
+    """Inside the block, torch's default CPU generator draws from `generator`'s state; on
+    exit the state it reached goes back to `generator` and the default gets its own back.
+    For host code that can only use the default generator (Note [RNG order])."""
+
+    __slots__ = ("generator", "saved")
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def __enter__(self):
+        default = torch.default_generator
+        self.saved = default.get_state()
+        default.set_state(self.generator.get_state())
+
+    def __exit__(self, *exc):
+        default = torch.default_generator
+        self.generator.set_state(default.get_state())
+        default.set_state(self.saved)
