@@ -105,3 +105,13 @@ def test_elapsed_time_needs_two_recorded_timing_events():
     c.record()
     with pytest.raises(ValueError, match="recorded"):
         c.elapsed_time(d)
+
+
+def test_record_stream_accepts_a_stream_of_the_tensors_device_and_names_a_wrong_one():
+    # FSDP1's post-backward calls it on every gradient; the host fallback once ran it on CPU,
+    # which has no kernel for it.
+    x = torch.ones(4, device="neuron:0")
+    x.record_stream(torch.neuron.Stream(device="neuron:0"))
+    x.record_stream(torch.neuron.current_stream(0))
+    with pytest.raises(RuntimeError, match="record_stream: the stream is on neuron:1 but the tensor is on neuron:0"):
+        x.record_stream(torch.neuron.Stream(device="neuron:1"))

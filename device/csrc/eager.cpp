@@ -735,6 +735,17 @@ at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device) {
   return neuron_tensor_on(adopt(host.storage(), checked_device(device)), host);
 }
 
+// FSDP1 (and CUDA-style code) calls t.record_stream(s) so that a caching allocator does not
+// hand t's block to another stream while s may still use it. Every stream of the device is
+// one queue (Note [One queue per device] in streams.cpp), and a launch on the device stream
+// holds its arguments' storages until it ends, so nothing is left to record: checked, and
+// done. Without this kernel the fallback ran it on the host aliases, where CPU has none.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron && stream.device_index() == self.device().index(),
+              "record_stream: the stream is on ", stream.device(), " but the tensor is on ", self.device(),
+              "; record a stream of the tensor's own device");
+}
+
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
                    double default_us_per_flop) {
   TORCH_CHECK(g_libraries.empty(), "the neuron eager kernels are installed once per process");
@@ -759,6 +770,7 @@ void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   aten->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  aten->impl("record_stream", TORCH_FN(record_stream));
   register_cpu_kernels_whole(*aten);
   // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose
   // gloo rejects neuron tensors. Run on the host aliases, c10d's CPU kernels hand gloo the

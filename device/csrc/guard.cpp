@@ -123,8 +123,15 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   // host memory; the storage's allocator (memory.cpp) charges the new size on the storage's
   // device and the old block's deleter releases the old one.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
-    const c10::DeviceGuard guard(storage.device());
+    const c10::Device device = storage.device();
+    const c10::DeviceGuard guard(device);
     at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), new_bytes);
+    if (new_bytes == 0) {
+      // resize_bytes_cpu leaves a default DataPtr at size 0, and a storage's device is its
+      // DataPtr's: the storage would move to the CPU (FSDP1 frees a flat parameter's storage
+      // so, then set_()s it to a neuron shard: "devices must match").
+      storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+    }
   }
 };
 

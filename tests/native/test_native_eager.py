@@ -15,6 +15,7 @@ import adaptive_eager
 from dispatch.context import CONTEXT
 
 NEURON = torch.device("neuron")
+NEURON_0 = torch.device("neuron:0")
 
 
 
@@ -94,6 +95,8 @@ def test_an_untyped_storage_resizes_in_place_as_fsdp_needs():
     before = torch.neuron.memory_allocated()
     x.untyped_storage().resize_(0)
     assert torch.neuron.memory_allocated() == before - 64
+    # still the device's storage (it moved to the CPU at size 0, so FSDP1's set_ of a shard failed)
+    assert x.untyped_storage().device == NEURON_0 and x.device == NEURON_0
     x.untyped_storage().resize_(64)
     assert torch.neuron.memory_allocated() == before
     x.fill_(3.0)
