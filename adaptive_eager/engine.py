@@ -175,13 +175,13 @@ class AdaptiveExecutor(Executor):
     def _drain(self) -> None:
         """Wait for the launch on the device stream; its error is raised at the next sync point."""
         p = self.inflight
-        if p is None:
+        if p is None and not native.launch_in_flight():
             return
         self.inflight = None
         try:
             native.finish_launch()
         except Exception as exc:
-            self.error = launch_error(p.trace, max(native.failed_index(), 0), exc)
+            self.error = exc if p is None else launch_error(p.trace, max(native.failed_index(), 0), exc)
             native.set_failure(str(self.error), type(self.error).__name__, True)
 
     def synchronize(self, device_index) -> None:
@@ -211,20 +211,45 @@ class AdaptiveExecutor(Executor):
     def route(self, func, args, kwargs):
         info = getattr(func, "_neuron_info", None) or classify(func)
         with self._lock:
-            if self.config.launch_blocking:
-                return native.RUN_EAGER
-            if info.is_host_read or info.has_data_dependent_shape or info.may_resize or info.is_collective:
-                return self._sync_op(info, func, args, kwargs)
-            out = self._fast_paths(info, func, args, kwargs)
-            if out is not _NO_MATCH:
-                return out
-            if self.inflight is not None:  # what follows may run ops now or record them
-                self._drain()
             try:
-                rec = OpRecord.from_call(func, args, kwargs)
-            except Exception:  # arguments we cannot describe: run it now
-                return self._sync_op(info, func, args, kwargs)
-            return self._match_or_record(info, rec, args, kwargs)
+                p = self.pending
+                if p is not None and p.pos == len(p.trace):
+                    self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
+                if self.config.launch_blocking:
+                    return native.RUN_EAGER
+                if info.is_host_read or info.has_data_dependent_shape or info.may_resize or info.is_collective:
+                    return self._sync_op(info, func, args, kwargs)
+                out = self._fast_paths(info, func, args, kwargs)
+                if out is not _NO_MATCH:
+                    return out
+                if self.inflight is not None:  # what follows may run ops now or record them
+                    self._drain()
+                try:
+                    rec = OpRecord.from_call(func, args, kwargs)
+                except Exception:  # arguments we cannot describe: run it now
+                    return self._sync_op(info, func, args, kwargs)
+                return self._match_or_record(info, rec, args, kwargs)
+            except Exception:
+                raise
+            except BaseException:
+                self._interrupted()
+                raise
+
+    def _interrupted(self) -> None:
+        """Note [Interrupted issue]: a KeyboardInterrupt (Ctrl-C; SystemExit too) is raised
+        between any two bytecodes of the engine, so it can stop an op half matched: the
+        position counted but the op not queued (route raises, the op never runs), or queued
+        with its trace's completion not run. Ending the match restores what holds between
+        ops: the ops really queued run (one launch, as at a divergence) and matching starts
+        afresh. A completion that never ran is caught at the next op instead (route's first
+        lines). Results stay eager's: the queue holds exactly the ops that were issued."""
+        p = self.pending
+        self.pending = None
+        if p is not None:
+            self.recent_flushes.append(f"interrupted: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
+            self.counters.flushes["interrupted"] += 1
+            self._launch(p)
+        self._resume_detection()
 
     def _fast_paths(self, info, func, args, kwargs):
         """The per-op paths that describe nothing: backing off, starting a cached trace by its
@@ -375,8 +400,14 @@ class AdaptiveExecutor(Executor):
 
     def _after_last_op(self, p: Pending) -> None:
         with self._lock:
-            if self.pending is p:
-                self._complete(p)
+            try:
+                if self.pending is p:
+                    self._complete(p)
+            except Exception:
+                raise
+            except BaseException:  # Note [Interrupted issue]
+                self._interrupted()
+                raise
 
     def _complete(self, p: Pending) -> None:
         self._steady += len(p.trace)
@@ -406,7 +437,9 @@ class AdaptiveExecutor(Executor):
 
     # -- launching ----------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
-        if self.inflight is not None:  # one launch on the stream at a time: the stream is in order
+        # One launch on the stream at a time: the stream is in order. (One may be in flight
+        # that self.inflight does not know of: an interrupt right after its submit.)
+        if self.inflight is not None or native.launch_in_flight():
             self._drain()
         if p.done == 0 and p.complete and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
             if native.submit_queue():  # Note [The device stream] (csrc/queue.cpp)

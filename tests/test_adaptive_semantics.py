@@ -256,3 +256,70 @@ def test_host_data_copied_in_each_step_cuts_no_trace_and_a_copy_into_a_used_tens
     # trace ends at the copy into `seen`, which waits for the launch that reads it).
     assert launches[-4:] == [1, 1, 1, 1]
     assert adaptive_eager.stats().divergences == 0
+
+
+# -- interrupts: Note [Interrupted issue] in adaptive_eager/engine.py ------------------------------
+def _interrupted_loop(steps=16):
+    """Steps of a loop that catches KeyboardInterrupt and goes on, as a notebook does; the
+    completed steps' outputs, and how many steps were interrupted."""
+    x = torch.arange(12.0).reshape(4, 3).to("neuron")
+    outs, interrupted = [], 0
+    for i in range(steps):
+        try:
+            outs.append(torch.tanh(x * (1.0 + i % 2) + 1).sum(0))
+        except KeyboardInterrupt:
+            interrupted += 1
+    return [o.cpu() for o in outs], interrupted
+
+
+def _expected(n_interrupted_at=()):
+    with adaptive_eager.mode("eager"):
+        x = torch.arange(12.0).reshape(4, 3)
+        return [torch.tanh(x * (1.0 + i % 2) + 1).sum(0) for i in range(16) if i not in n_interrupted_at]
+
+
+def _raise_once_at(call: int):
+    calls = [0]
+
+    def maybe_raise():
+        calls[0] += 1
+        if calls[0] == call:
+            raise KeyboardInterrupt
+    return maybe_raise
+
+
+def test_an_interrupt_as_a_trace_completes_leaves_the_engine_consistent(monkeypatch):
+    engine = SWITCH.adaptive
+    real = engine._complete
+    interrupt = _raise_once_at(6)  # the sixth completion: matched traces by then
+
+    def complete(p):
+        interrupt()
+        real(p)
+    monkeypatch.setattr(engine, "_complete", complete)
+    outs, interrupted = _interrupted_loop()
+    # The interrupt came from the step's last op, which was queued: the step's value never
+    # reached the loop, and the engine's next op found the match ended, not an IndexError.
+    assert interrupted == 1
+    assert len(outs) == 15
+    expected = _expected()
+    skipped = next(i for i in range(16) if i == len(outs) or not torch.equal(outs[i], expected[i]))
+    assert all(torch.equal(a, b) for a, b in zip(outs, expected[:skipped] + expected[skipped + 1:]))
+    assert engine.counters.fused_launches > 6  # and it fused again afterwards
+
+
+def test_an_interrupt_after_an_op_is_counted_but_before_it_is_queued_leaves_the_engine_consistent(monkeypatch):
+    from adaptive_eager.pending import Pending
+
+    interrupt = _raise_once_at(30)  # inside a matched trace, right after `p.pos += 1`
+    real = Pending.complete
+
+    def complete(self):
+        interrupt()
+        return real.fget(self)
+    monkeypatch.setattr(Pending, "complete", property(complete))
+    outs, interrupted = _interrupted_loop()
+    assert interrupted == 1 and len(outs) == 15
+    expected = _expected()
+    skipped = next(i for i in range(16) if i == len(outs) or not torch.equal(outs[i], expected[i]))
+    assert all(torch.equal(a, b) for a, b in zip(outs, expected[:skipped] + expected[skipped + 1:]))
