@@ -50,7 +50,10 @@ def register() -> None:
         runtime = neuron_device.get_runtime()
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
         torch.utils.generate_methods_for_privateuse1_backend()
-        torch._register_device_module(BACKEND_NAME, build_module(runtime))
+        module = build_module(runtime)
+        # inductor asks the device module for its code generators, lazily: Note [Inductor on neuron]
+        module.__getattr__ = _inductor_attribute
+        torch._register_device_module(BACKEND_NAME, module)
         # The guard and hooks in C++, not torch's Python ones: Note [C++ device guard].
         runtime.install()
         # Every op of a neuron tensor runs in C++ (csrc/eager.cpp) unless the engine takes it.
@@ -76,6 +79,12 @@ def register() -> None:
         atexit.register(_wait_for_executor)
         os.register_at_fork(before=_wait_for_executor)
         CONTEXT.runtime = runtime  # last: marks registration complete
+
+
+def _inductor_attribute(name: str):
+    from .inductor import lazy_codegen_attribute  # imports nothing of inductor until asked
+
+    return lazy_codegen_attribute(name)
 
 
 def _drain_executor(device_index):

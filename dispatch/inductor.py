@@ -1,0 +1,113 @@
+"""torch.compile's default backend, inductor, on neuron tensors.
+
+Note [Inductor on neuron]: a neuron tensor's bytes are host memory (the neuron allocator
+allocates them with the CPU's allocator: csrc/memory.cpp), so inductor's CPU code generator
+is the emulated device's: its C++ kernels run on the device tensors' data pointers, and its
+calls to ATen kernels (extern mm, convolution) take the C++ eager path like any op. Torch
+asks the PrivateUse1 device module for its code generators (`torch.neuron.Scheduling`,
+`PythonWrapperCodegen`, `CppWrapperCodegen`, `WrapperFxCodegen`: all four, or torch
+registers none; torch/_inductor/codegen/common.py's
+init_backend_registration); they are looked up lazily (importing inductor costs seconds),
+so `import torch` never pays for them.
+
+Inductor's generated kernels read data pointers the adaptive engine knows nothing of, so a
+compiled graph is a sync point, as with backend='neuron' (compile_backend.py): its call
+first runs what the engine holds back (a deferred input has no bytes yet), and its own ops
+bypass the engine, so that every buffer a kernel reads has its bytes when the kernel runs.
+The graph's launches are counted as eager ops are: inductor's kernels are not on the
+device's clock (they never reach the runtime), the ATen ops they call are, one launch each.
+"""
+from __future__ import annotations
+
+from device import native
+
+from .dynamo_opaque import hide_late_module
+
+_CLASSES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+def lazy_codegen_attribute(name: str):
+    """What the device module's __getattr__ returns for inductor's lookups; AttributeError
+    for every other name."""
+    if name not in _CLASSES:
+        raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+    _register_device_op_overrides()
+    if name == "Scheduling":
+        from torch._inductor.codegen.cpp import CppScheduling
+
+        return CppScheduling
+    if name == "CppWrapperCodegen":
+        from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+        return CppWrapperCpu
+    if name == "WrapperFxCodegen":
+        from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+        return WrapperFxCodegen
+    return _wrapper_codegen()
+
+
+def graph_begin() -> bool:
+    """At the top of a compiled graph's call: the engine's pending work runs, then the
+    graph's ops bypass it. Returns the bypass setting to restore."""
+    native.host_sync("sync: compiled graph")
+    return native.set_bypass(True)
+
+
+def graph_end(previous: bool) -> None:
+    native.set_bypass(previous)
+
+
+def _register_device_op_overrides() -> None:
+    from torch._inductor.codegen.common import device_op_overrides_dict, register_device_op_overrides
+    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+
+    if "neuron" not in device_op_overrides_dict:
+        register_device_op_overrides("neuron", CpuDeviceOpOverrides())
+
+
+_wrapper_class = None
+
+
+def _wrapper_codegen():
+    global _wrapper_class
+    if _wrapper_class is None:
+        from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+        class NeuronWrapperCodegen(PythonWrapperCodegen):
+            """The CPU wrapper, with the graph's call bracketed by graph_begin/graph_end. (An
+            exception inside the graph leaves the bypass on: later ops then run eagerly, with
+            the same results.)"""
+
+            def write_header(self):
+                super().write_header()
+                self.header.writeline("from dispatch import inductor as _neuron_inductor")
+
+            def codegen_inputs(self):  # the first lines of call()
+                self.prefix.writeline("_neuron_bypass = _neuron_inductor.graph_begin()")
+                super().codegen_inputs()
+
+            def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+                # A C++ kernel on neuron is called as on the CPU: on the tensors' host bytes.
+                if not triton and device is not None and device.type == "neuron":
+                    self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+                    return
+                super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+            def generate_return(self, output_refs):
+                self.wrapper_call.writeline("_neuron_inductor.graph_end(_neuron_bypass)")
+                super().generate_return(output_refs)
+
+            @staticmethod
+            def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+                if is_subgraph:
+                    return PythonWrapperCodegen.create(is_subgraph, subgraph_name, parent_wrapper,
+                                                       partition_signatures)
+                return NeuronWrapperCodegen()
+
+        _wrapper_class = NeuronWrapperCodegen
+    return _wrapper_class
+
+
+# Imported lazily, after `import adaptive_eager` marked the rest: Note [Opaque to Dynamo].
+hide_late_module(__name__)
