@@ -46,3 +46,34 @@ def test_never_repeating_stream(benchmark, target):
             s = adaptive_eager.stats()
             benchmark.extra_info.update(mode=mode, ops=s.ops, launches=s.launches,
                                         fused_launches=s.fused_launches)
+
+
+SMALL_OPS_PER_STEP = 32
+
+
+@pytest.mark.benchmark(group=f"per op: a step of {SMALL_OPS_PER_STEP} x.add_(i) on 16 elements")
+@pytest.mark.parametrize("target", TARGETS)
+def test_per_op_cost_of_a_repeating_step_of_small_ops(benchmark, target):
+    """What each path costs per op when the kernels cost nothing: CPU eager, the C++ eager
+    path, and adaptive mode in its steady state (each op matched and queued, one launch per
+    step: the ops differ by their integer constant, so the step is the unit that repeats).
+    Divide the median by SMALL_OPS_PER_STEP."""
+    device = "cpu" if target == "cpu" else "neuron"
+    mode = "adaptive" if target == "neuron-adaptive" else "eager"
+    x = torch.zeros(16, device=device)
+
+    def step():
+        for i in range(SMALL_OPS_PER_STEP):
+            x.add_(i)
+
+    with adaptive_eager.mode(mode):
+        for _ in range(8):  # adaptive: the trace is adopted and matched by now
+            step()
+        adaptive_eager.reset_stats()
+        benchmark.pedantic(step, rounds=20, iterations=50, warmup_rounds=2)
+        if device == "neuron":
+            torch.neuron.synchronize()
+            s = adaptive_eager.stats()
+            steps = (20 + 2) * 50  # warm-up rounds run their iterations too
+            benchmark.extra_info.update(mode=mode, launches_per_step=s.launches / steps,
+                                        fused_launches_per_step=s.fused_launches / steps)
