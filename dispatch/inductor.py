@@ -32,6 +32,8 @@ def lazy_codegen_attribute(name: str):
     if name not in _CLASSES:
         raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
     _register_device_op_overrides()
+    _register_device_interface()
+    _schedule_as_cpu()
     if name == "Scheduling":
         from torch._inductor.codegen.cpp import CppScheduling
 
@@ -64,6 +66,49 @@ def _register_device_op_overrides() -> None:
 
     if "neuron" not in device_op_overrides_dict:
         register_device_op_overrides("neuron", CpuDeviceOpOverrides())
+
+
+def _schedule_as_cpu() -> None:
+    """Inductor's scheduler keeps some loop reorderings for GPUs (SIMD kernels): it skips
+    them for nodes that `is_cpu()`, and applies them to any other device. Neuron's kernels
+    are CPU kernels (CppScheduling), and the reindexing for a GPU's reduction groups fails
+    on a CPU reduction's (TypeError in _try_reindex_pointwise_for_reduction, with dynamic
+    shapes). So a neuron node is a CPU node to the scheduler: the only use of is_cpu() there
+    is to keep these reorderings from CPU kernels."""
+    from torch._inductor.scheduler import BaseSchedulerNode
+
+    if getattr(BaseSchedulerNode.is_cpu, "_neuron", False):
+        return
+
+    def is_cpu(self) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", "neuron")
+    is_cpu._neuron = True
+    BaseSchedulerNode.is_cpu = is_cpu
+
+
+def _register_device_interface() -> None:
+    """Dynamo's device interface: what inductor's lowerings ask of a device (its properties,
+    for reductions with dynamic shapes, say). The host's, as for the code generator, with
+    the device's own current device and count."""
+    from torch._dynamo.device_interface import CpuInterface, get_registered_device_interfaces, \
+        register_interface_for_device
+
+    if any(name == "neuron" for name, _ in get_registered_device_interfaces()):
+        return
+
+    class NeuronInterface(CpuInterface):
+        @staticmethod
+        def current_device() -> int:
+            return native.current_device()
+
+        @staticmethod
+        def device_count() -> int:
+            import torch
+
+            return torch.neuron.device_count()
+
+    register_interface_for_device("neuron", NeuronInterface)
 
 
 _wrapper_class = None

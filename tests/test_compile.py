@@ -30,9 +30,14 @@ from subproc import SUBPROCESS_TIMEOUT_S
 
 @pytest.fixture(scope="module", autouse=True)
 def _fresh_dynamo():
-    """Compiled code and recompile counts must not leak into (or from) other test files."""
+    """Compiled code and recompile counts must not leak into (or from) other test files, and
+    inductor compiles afresh: a graph from its on-disk cache would not test the code generator."""
+    import torch._inductor.config as inductor_config
+
     torch._dynamo.reset()
+    previous, inductor_config.force_disable_caches = inductor_config.force_disable_caches, True
     yield
+    inductor_config.force_disable_caches = previous
     torch._dynamo.reset()
 
 
@@ -51,6 +56,21 @@ class LaunchLog:
     def graph_launches(self) -> list[int]:
         """num_ops of the launches since the last take that ran more than one op, then take."""
         return [n for _, n in self.take() if n > 1]
+
+
+def test_inductor_with_dynamic_shapes_on_neuron_trains_to_eagers_values():
+    """dynamic=True: symbolic sizes, and the scheduler's fusions of a reduction (the bias
+    gradient) with pointwise ops, which it keeps from CPU kernels only (neuron's are)."""
+    torch.manual_seed(0)
+    ref = mlp().to("neuron")
+    model = copy.deepcopy(ref)
+    compiled = torch.compile(model, dynamic=True)
+    for batch in (5, 7):
+        x = torch.randn(batch, 8, device="neuron")
+        compiled(x).sum().backward()
+        ref(x).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
 def test_an_inductor_graph_reads_the_values_the_adaptive_engine_still_holds_back():
