@@ -21,6 +21,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -495,6 +496,23 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
                                            c10::dtype_or_default(dtype));
 }
 
+// Forward-mode AD and torch.func make tangents that are known zeros this way: a tensor with
+// the ZeroTensor key and no bytes, which the ZeroTensor fallback turns into zeros where an op
+// needs values. The host fallback made a CPU ZeroTensor and adopted it as a plain neuron
+// tensor without bytes, which read as a failed deferred value. As CUDA makes it.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                                 c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                                 c10::optional<bool> pin_memory) {
+  check_dense_unpinned(layout, pin_memory);
+  c10::Device on = c10::device_or_default(device);
+  if (!on.has_index()) {
+    on.set_index(current_device());
+  }
+  at::native::ZeroTensorAllocator allocator(on);
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &allocator, keys, c10::dtype_or_default(dtype), c10::nullopt);
+}
+
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
                       c10::optional<int64_t> storage_offset) {
   return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
@@ -771,6 +789,7 @@ void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>
   aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   aten->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   aten->impl("record_stream", TORCH_FN(record_stream));
+  aten->impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   register_cpu_kernels_whole(*aten);
   // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose
   // gloo rejects neuron tensors. Run on the host aliases, c10d's CPU kernels hand gloo the
