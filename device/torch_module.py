@@ -260,4 +260,8 @@ def build_module(runtime: Runtime) -> types.ModuleType:
             fn.__module__ = "torch.neuron"
             setattr(m, fn.__name__, fn)
     m.NeuronDeviceProperties = NeuronDeviceProperties
+    # torch.cuda's flag, read by torch.utils.checkpoint: it saves and restores the device's RNG
+    # state around a recomputed forward only when the device module says it is initialized
+    # (else dropout draws a new mask in backward). The device is ready once registered.
+    m._initialized = True
     return m
