@@ -23,8 +23,15 @@ RESIZING_OPS = frozenset({
     aten.resize_.default, aten.resize_as_.default, aten.set_.source_Storage,
     aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.set_.default,
 })
-# torch.distributed's collectives (c10d::allreduce_, ...) live in this operator namespace.
-COLLECTIVE_NAMESPACE = "c10d"
+
+
+def is_distributed_namespace(namespace: str) -> bool:
+    """The operator namespaces of torch.distributed, whose ops are collectives, waits or
+    redistributions: c10d (allreduce_, ...), _c10d_functional and c10d_functional (all_reduce,
+    wait_tensor, ... of functional collectives, tensor parallelism and compiled graphs),
+    _c10d_functional_autograd, _dtensor (redistribution) and symm_mem. By namespace, not by
+    name, so a collective torch adds later is one too."""
+    return "c10d" in namespace or namespace in ("_dtensor", "symm_mem")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +50,8 @@ class OpInfo:
     may_resize: bool
     device_arg: str | None  # name of a `Device?` argument (factories, _to_copy)
     has_flop_formula: bool  # torch.utils.flop_counter knows this op (matmuls, convolutions)
-    # A c10d collective (all_reduce, broadcast, ...): a sync point of its inputs, run by
-    # dispatch/distributed.py's kernel, never deferred into a trace (Note [Collectives]).
+    # A collective, a wait or a redistribution of torch.distributed (is_distributed_namespace):
+    # a sync point, never deferred into a trace, whose timing is the other ranks' (Note [Collectives]).
     is_collective: bool = False
     # A custom kernel's own cost estimate, (args, kwargs, measured_bytes) -> (flops, bytes):
     # Note [Custom kernel cost] in custom_kernels.py. None for every other op.
@@ -116,6 +123,6 @@ def _classify(op) -> OpInfo:
         may_resize=is_out or op in RESIZING_OPS or torch.Tag.inplace_view in tags,
         device_arg=dev,
         has_flop_formula=op._overloadpacket in flop_registry,
-        is_collective=op.namespace == COLLECTIVE_NAMESPACE,
+        is_collective=is_distributed_namespace(op.namespace),
         cost_hook=COST_HOOKS.get(op),
     )

@@ -109,6 +109,28 @@ def _collective_after_a_trace_prefix(rank: int):
     return [h.cpu(), w.cpu()]
 
 
+def _loop_with_functional_collective(rank: int):
+    """Tensor parallelism's collective (DTensor, parallelize_module): a functional all_reduce
+    and its wait, with a host read on rank 0 only, which cuts rank 0's stream where rank 1's
+    is not cut (issue 12: fused into a trace, it gave rank 0 another rank's partial sums)."""
+    import torch.distributed._functional_collectives as funcol
+
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, device="neuron") + rank
+    results = []
+    for _ in range(LOOP_STEPS):
+        h = funcol.all_reduce((w @ w).tanh().mul(0.5), "sum", dist.group.WORLD)
+        w = h.add(1.0).div(3.0)
+        if rank == 0:
+            w.sum().item()
+        results.append(w)
+    return [r.cpu() for r in results]
+
+
+def _distributed_ops_in(traces) -> list[str]:
+    return [p.name for t in traces for p in t.protos if "c10d" in p.info.op.namespace]
+
+
 def _eager_then_adaptive(fn, rank: int):
     with adaptive_eager.mode("eager"):
         eager = fn(rank)
@@ -131,6 +153,10 @@ def collectives_in_the_adaptive_engine(rank: int) -> dict:
     identical, stats, _ = _eager_then_adaptive(_collective_after_a_trace_prefix, rank)
     out["prefix_identical_to_eager"] = identical
     out["prefix_flushes"] = stats.flushes
+    identical, stats, traces = _eager_then_adaptive(_loop_with_functional_collective, rank)
+    out["functional_identical_to_eager"] = identical
+    out["functional_fused_launches"] = stats.fused_launches
+    out["functional_distributed_ops_in_traces"] = _distributed_ops_in(traces)
     return out
 
 

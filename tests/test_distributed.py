@@ -121,10 +121,18 @@ def test_a_cpu_tensor_in_a_neuron_collective_is_refused_with_the_device_error(ra
 
 
 # -- the adaptive engine ---------------------------------------------------------------------------
-def test_collectives_are_classified_as_collectives():
+def test_collectives_waits_and_redistributions_are_classified_as_collectives():
+    import torch.distributed._functional_collectives  # noqa: F401  (registers _c10d_functional)
+    import torch.distributed.tensor  # noqa: F401  (registers _dtensor)
+
     for op in (torch.ops.c10d.allreduce_.default, torch.ops.c10d.broadcast_.default,
-               torch.ops.c10d._allgather_base_.default, torch.ops.c10d._reduce_scatter_base_.default):
-        assert classify(op).is_collective
+               torch.ops.c10d._allgather_base_.default, torch.ops.c10d._reduce_scatter_base_.default,
+               # functional collectives (tensor parallelism, compiled graphs) and their wait
+               torch.ops._c10d_functional.all_reduce.default, torch.ops._c10d_functional.wait_tensor.default,
+               torch.ops._c10d_functional.all_gather_into_tensor.default,
+               torch.ops._c10d_functional_autograd.all_to_all_single.default,
+               torch.ops._dtensor.shard_dim_alltoall.default):
+        assert classify(op).is_collective, op
     assert not classify(torch.ops.aten.add.Tensor).is_collective
 
 
@@ -134,6 +142,13 @@ def test_a_step_with_a_collective_fuses_around_it_and_matches_eager(runs):
         assert r["loop_identical_to_eager"]
         assert r["loop_traces"] >= 1 and r["loop_fused_launches"] > 0
         assert r["loop_collectives_in_traces"] == 0  # a collective is never deferred
+
+
+def test_a_functional_collective_with_a_host_read_on_one_rank_matches_eager(runs):
+    for r in runs["neuron"]:
+        assert r["functional_identical_to_eager"]
+        assert r["functional_distributed_ops_in_traces"] == []  # never deferred into a trace
+        assert r["functional_fused_launches"] > 0  # the ops around it still fuse
 
 
 def test_a_collective_first_runs_the_held_back_ops_it_reads(runs):
