@@ -9,7 +9,9 @@ are strict xfails, so a fix shows up as an XPASS to remove from the table.
 
 Runs (see RUNS): the function variant in float32 (the headline sweep) and complex64
 (conj/neg views), and in float32 the in-place variant (must return its input, written)
-and the out= variant (into empty(0) tensors, so the result must follow the resize).
+and the out= variant (into empty(0) tensors, so the result must follow the resize), and
+the backward run: the gradients of every input with fixed cotangents, bit for bit CPU's
+(ops whose CPU kernel is not their composite, silu_backward say, gave other bits once).
 
 `test_opinfo_pass_rate` prints "OpInfo: N of M ops whose CPU samples run pass on neuron"
 per run at the end of the session and holds each rate at or above MIN_PASS_RATE.
@@ -77,12 +79,12 @@ def _tensor_to_neuron(x: torch.Tensor) -> torch.Tensor:
     """x on neuron with the same strides and storage offset: views (samples that are slices
     of a larger buffer, expanded or transposed tensors) are moved with their whole storage
     and viewed again, so ops that read the layout (as_strided) see what they see on CPU."""
+    requires_grad = x.requires_grad  # a leaf on neuron as on CPU (the backward run)
     x = x.detach()
     if x.layout != torch.strided or _is_compact(x):
-        return x.to(NEURON).requires_grad_(x.requires_grad)
-    whole = x.as_strided((x.untyped_storage().nbytes() // x.element_size(),), (1,), 0)
-    base = whole.to(NEURON).requires_grad_(x.requires_grad)
-    return base.as_strided(x.shape, x.stride(), x.storage_offset())
+        return x.to(NEURON).requires_grad_(requires_grad)
+    whole = x.as_strided((x.untyped_storage().nbytes() // x.element_size(),), (1,), 0).to(NEURON)
+    return whole.as_strided(x.shape, x.stride(), x.storage_offset()).detach().requires_grad_(requires_grad)
 
 
 def _is_compact(x: torch.Tensor) -> bool:
@@ -122,9 +124,40 @@ def _empty_like_outputs(template, move):
     return type(template)(_empty_like_outputs(t, move) for t in template)
 
 
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for e in x for t in _tensors(e)]
+    if isinstance(x, dict):
+        return [t for e in x.values() for t in _tensors(e)]
+    return []
+
+
+def _cotangent(t: torch.Tensor) -> torch.Tensor:
+    """A fixed cotangent for output t, the same on every device (made on the CPU)."""
+    g = torch.Generator().manual_seed(t.numel())
+    return torch.randn(t.shape, generator=g, dtype=t.dtype)
+
+
+def backward(op, sample, move):
+    """The gradients of every floating input that requires grad, after backward through the
+    function variant's floating outputs with fixed cotangents; None where an input got none."""
+    inputs = move(sample.input), move(sample.args), move(sample.kwargs)
+    out = op(inputs[0], *inputs[1], **inputs[2])
+    outs = [t for t in _tensors(out) if t.requires_grad and t.dtype.is_floating_point]
+    if not outs:
+        raise CpuSamplesDoNotRun("no output requires grad")
+    leaves = [t for t in _tensors(inputs) if t.requires_grad]
+    grads = torch.autograd.grad(outs, leaves, [move(_cotangent(t)) for t in outs], allow_unused=True)
+    return list(grads)
+
+
 def call(variant: str, op, sample, move, template=None):
     """Run one sample of one variant on the device `move` puts tensors on (_same: CPU).
     template is the function variant's CPU result (out= needs its dtypes)."""
+    if variant == "backward":
+        return backward(op, sample, move)
     args, kwargs = move(sample.args), move(sample.kwargs)
     if variant == "inplace":
         x = move(sample.input)
@@ -140,6 +173,8 @@ def call(variant: str, op, sample, move, template=None):
 
 
 def _has_variant(op, variant: str) -> bool:
+    if variant == "backward":
+        return op.supports_autograd
     if variant == "inplace":
         return op.inplace_variant is not None
     if variant == "out":
@@ -155,7 +190,7 @@ def cpu_samples(op, variant: str, dtype):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             samples = []
-            for s in op.sample_inputs("cpu", dtype):
+            for s in op.sample_inputs("cpu", dtype, requires_grad=variant == "backward"):
                 if variant == "inplace" and s.broadcasts_input:
                     continue  # in-place cannot broadcast its input: an error on any device
                 template = op(s.input, *s.args, **s.kwargs) if variant == "out" else None
@@ -179,6 +214,12 @@ def check_op_on_neuron(op, variant: str, dtype) -> None:
         actual = to_host_checked(out)
         if random:
             assert _metadata(actual) == _metadata(expected), f"sample {i}: {sample}"
+        elif variant == "backward":  # bitwise: the same kernels, forward and backward, as CPU's
+            for k, (a, e) in enumerate(zip(actual, expected)):
+                assert (a is None) == (e is None), f"sample {i}: gradient {k} is {a} on neuron, {e} on CPU"
+                if a is not None:  # equal bit for bit, NaNs where CPU has them
+                    torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True,
+                                               msg=lambda m: f"sample {i}: gradient {k}: {m}\n{sample}")
         else:
             torch.testing.assert_close(actual, expected, equal_nan=True, msg=lambda m: f"sample {i}: {m}\n{sample}")
 
@@ -192,6 +233,8 @@ RUNS = {
     "function-complex64": ("function", torch.complex64),
     "inplace-float32": ("inplace", torch.float32),
     "out-float32": ("out", torch.float32),
+    # the gradients of every input, bitwise CPU's (issue 12: composites CPU does not take)
+    "backward-float32": ("backward", torch.float32),
 }
 RESULTS: dict[tuple[str, str], str] = {}  # (run, op name) -> "pass" | "fail" | "cpu"
 
