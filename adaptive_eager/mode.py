@@ -37,7 +37,15 @@ class ModeSwitch:
     @staticmethod
     def default_from_env() -> str:
         raw = os.environ.get("NEURON_ADAPTIVE_EAGER", "1").strip().lower()
-        return "eager" if raw in ("0", "false", "no", "off") else "adaptive"
+        if raw in ("0", "false", "no", "off", "eager"):
+            return "eager"
+        if raw in ("", "1", "true", "yes", "on", "adaptive"):
+            return "adaptive"
+        # Not silently adaptive: a typo of "0" must not run a debugging session fused.
+        from device import NeuronConfigError
+
+        raise NeuronConfigError(f"NEURON_ADAPTIVE_EAGER={raw!r} is not a mode; use 1 (adaptive, the default) "
+                                f"or 0 (eager, one launch per op).")
 
 
 SWITCH = ModeSwitch()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 
@@ -73,6 +74,8 @@ def _float_env(env, key: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise NeuronConfigError(f"{key}={raw!r} is not a number; set it to microseconds, e.g. 15.") from None
+    if not math.isfinite(value):  # float() takes 'nan' and 'inf': every device time would be one
+        raise NeuronConfigError(f"{key}={raw!r} is not a finite number; set it to microseconds, e.g. 15.")
     if value < 0:
         raise NeuronConfigError(f"{key}={value} is negative; a launch overhead must be >= 0 us.")
     return value

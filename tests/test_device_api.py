@@ -54,6 +54,8 @@ def test_trn3_profile_and_device_count_come_from_the_environment():
     ("NEURON_DEVICE_MEMORY", "lots", "NEURON_DEVICE_MEMORY='lots' is not a size"),
     ("NEURON_LOGICAL_NC_CONFIG", "3", "NEURON_LOGICAL_NC_CONFIG=3 must divide the 8 NeuronCores"),
     ("NEURON_LAUNCH_OVERHEAD_US", "-1", "NEURON_LAUNCH_OVERHEAD_US=-1.0 is negative"),
+    ("NEURON_LAUNCH_OVERHEAD_US", "nan", "NEURON_LAUNCH_OVERHEAD_US='nan' is not a finite number"),
+    ("NEURON_LAUNCH_OVERHEAD_US", "inf", "NEURON_LAUNCH_OVERHEAD_US='inf' is not a finite number"),
     ("NEURON_TENSORS", "wrapper", "NEURON_TENSORS='wrapper': neuron tensors are always real PrivateUse1 tensors now"),
 ])
 def test_bad_configuration_values_are_named_with_the_fix(key, value, message):
@@ -68,6 +70,17 @@ def test_bad_configuration_fails_the_import_with_the_variable_named():
     assert "NeuronConfigError: NEURON_NUM_DEVICES='many' is not an integer" in proc.stderr
     # torch's own wrapper says how to get plain PyTorch back
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in proc.stderr
+
+
+def test_an_unknown_mode_is_refused_not_taken_for_adaptive(monkeypatch):
+    from adaptive_eager.mode import ModeSwitch
+
+    for raw, mode in (("0", "eager"), ("eager", "eager"), ("1", "adaptive"), ("ADAPTIVE", "adaptive")):
+        monkeypatch.setenv("NEURON_ADAPTIVE_EAGER", raw)
+        assert ModeSwitch.default_from_env() == mode
+    monkeypatch.setenv("NEURON_ADAPTIVE_EAGER", "banana")
+    with pytest.raises(NeuronConfigError, match="NEURON_ADAPTIVE_EAGER='banana' is not a mode; use 1"):
+        ModeSwitch.default_from_env()
 
 
 # -- current device ---------------------------------------------------------------------

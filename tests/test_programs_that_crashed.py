@@ -1,6 +1,6 @@
-"""Crashes and internal asserts of issue 12, seen on the wrapper tensors: each one's program,
-pinned in both modes with CPU's values. (Forward-mode AD: test_forward_ad.py; checkpointing:
-test_checkpointing.py; collectives: test_distributed.py.)"""
+"""Crashes, internal asserts and silent wrong answers of issues 12 and 13, seen on the wrapper
+tensors: each one's program, pinned in both modes with CPU's values. (Forward-mode AD:
+test_forward_ad.py; checkpointing: test_checkpointing.py; collectives: test_distributed.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -92,3 +92,12 @@ def test_a_compiled_function_that_mutates_a_captured_tensor_with_a_grad_requirin
         return out.detach().cpu(), x.grad.cpu()
     got, expected = run("neuron"), run("cpu")
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_one_hot_of_a_class_out_of_range_raises_as_on_cpu(mode):
+    # Issue 13 item 8: on the wrapper it gave a zero row for the bad class. (CPU says "Class
+    # values must be smaller than num_classes"; the device's scatter names the index instead.)
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        torch.nn.functional.one_hot(torch.tensor([1, 12, 3]), 10)
+    with pytest.raises(RuntimeError, match="index 12 is out of bounds for dimension 1 with size 10"):
+        torch.nn.functional.one_hot(torch.tensor([1, 12, 3]).to("neuron"), 10).cpu()
