@@ -8,6 +8,7 @@ together in one module fixture, so the file costs about one job's wall time.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
 import re
@@ -122,8 +123,8 @@ def test_a_cpu_tensor_in_a_neuron_collective_is_refused_with_the_device_error(ra
 
 # -- the adaptive engine ---------------------------------------------------------------------------
 def test_collectives_waits_and_redistributions_are_classified_as_collectives():
-    import torch.distributed._functional_collectives  # noqa: F401  (registers _c10d_functional)
-    import torch.distributed.tensor  # noqa: F401  (registers _dtensor)
+    for module in ("torch.distributed._functional_collectives", "torch.distributed.tensor"):
+        importlib.import_module(module)  # registers _c10d_functional, _dtensor
 
     for op in (torch.ops.c10d.allreduce_.default, torch.ops.c10d.broadcast_.default,
                torch.ops.c10d._allgather_base_.default, torch.ops.c10d._reduce_scatter_base_.default,
