@@ -213,7 +213,7 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             try:
                 p = self.pending
-                if p is not None and p.pos == len(p.trace):
+                if p is not None and p.pos == len(p.trace.protos):  # builtin len: once per op
                     self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
                 if self.config.launch_blocking:
                     return native.RUN_EAGER

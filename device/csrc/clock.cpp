@@ -39,6 +39,22 @@ void spin_us(double us) {
   }
 }
 
+// One more launch of num_ops ops on d's counters (and in the launch log); g_lock held.
+void count_launch_locked(c10::DeviceIndex d, Counters& c, int64_t num_ops) {
+  c.launches += 1;
+  c.kernel_ops += num_ops;
+  if (g_logging.load(std::memory_order_relaxed)) {
+    g_log.emplace_back(d, num_ops);
+  }
+}
+
+// The modelled overhead, spent in wall-clock time too when NEURON_SPEND_LAUNCH_OVERHEAD asks.
+void spin_overhead(double overhead) {
+  if (overhead > 0 && g_spend_overhead.load(std::memory_order_relaxed)) {
+    spin_us(overhead);
+  }
+}
+
 }  // namespace
 
 void install_clock(c10::DeviceIndex count, double launch_overhead_us, bool spend_overhead) {
@@ -61,11 +77,7 @@ double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t
   {
     std::lock_guard<std::mutex> guard(g_lock);
     Counters& c = counters_of(d);
-    c.launches += 1;
-    c.kernel_ops += num_ops;
-    if (g_logging.load(std::memory_order_relaxed)) {
-      g_log.emplace_back(d, num_ops);
-    }
+    count_launch_locked(d, c, num_ops);
     c.device_time_us += total;
     c.launch_overhead_us += overhead;
   }
@@ -78,20 +90,13 @@ double launch(c10::DeviceIndex d, double op_us, int64_t num_ops) {
   }
   const double overhead = g_launch_overhead_us;
   const double total = account_launch(d, overhead, op_us, num_ops);
-  if (overhead > 0 && g_spend_overhead.load(std::memory_order_relaxed)) {
-    spin_us(overhead);
-  }
+  spin_overhead(overhead);
   return total;
 }
 
 void issue_launch(c10::DeviceIndex d, int64_t num_ops) {
   std::lock_guard<std::mutex> guard(g_lock);
-  Counters& c = counters_of(d);
-  c.launches += 1;
-  c.kernel_ops += num_ops;
-  if (g_logging.load(std::memory_order_relaxed)) {
-    g_log.emplace_back(d, num_ops);
-  }
+  count_launch_locked(d, counters_of(d), num_ops);
 }
 
 namespace {
@@ -107,9 +112,7 @@ double settle_issued_launch(c10::DeviceIndex d, double op_us, int64_t ran, int64
     c.device_time_us += overhead + op_us;
     c.launch_overhead_us += overhead;
   }
-  if (overhead > 0 && g_spend_overhead.load(std::memory_order_relaxed)) {
-    spin_us(overhead);
-  }
+  spin_overhead(overhead);
   return overhead + op_us;
 }
 
