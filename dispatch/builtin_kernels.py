@@ -22,6 +22,8 @@ L x L score matrix to HBM; the backward kernels pay for recomputing the forward.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -41,10 +43,24 @@ def _host_autograd():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
+def _own_saved_tensors():
+    """The host graph keeps its saved tensors itself. A fused launch runs this kernel under the
+    thread state of whatever op flushed it, which may be inside a checkpointed region's
+    recomputation: its saved-tensor hooks (a stack: the top pair applies) would take our host
+    tensors as the region's own, and checkpoint then fails its metadata check."""
+    if not torch._C._autograd._saved_tensors_hooks_is_enabled():  # disabled: none can apply
+        return contextlib.nullcontext()
+    return torch.autograd.graph.saved_tensors_hooks(_keep, _keep)
+
+
+def _keep(x):
+    return x
+
+
 def _vjp(fn, inputs: tuple, grad: Tensor, needed: tuple) -> list:
     """Gradients of fn(*inputs) against grad for the inputs flagged in needed (None elsewhere),
     by running fn under host autograd: the backward CPU autograd runs for the same graph."""
-    with _host_autograd(), torch.enable_grad():
+    with _host_autograd(), torch.enable_grad(), _own_saved_tensors():
         leaves = [x.detach().requires_grad_(n) if x is not None else None for x, n in zip(inputs, needed)]
         out = fn(*leaves)
         wanted = [x for x, n in zip(leaves, needed) if n and x is not None]
