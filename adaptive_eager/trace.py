@@ -65,6 +65,9 @@ def output_slots(info: OpInfo, result, args, kwargs) -> list:
     return flat
 
 
+_UNDEFINED = ("undefined",)  # an output that is None: in the plan, not among the output slots
+
+
 def build_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
     """Describe an op that just ran eagerly, with the DeferPlan that queues it next time; a
     barrier (never deferred) if its results cannot be handed out before it runs."""
@@ -93,6 +96,9 @@ def build_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
         return None if index is None else ("alias", index)
 
     def new_output(o) -> tuple | None:
+        if o is None:  # an undefined tensor: no output slot, but the plan hands out None there
+            plan_outputs.append(None)
+            return _UNDEFINED
         if not isinstance(o, torch.Tensor) or o.device.type != "neuron" or o.layout != torch.strided:
             return None
         storage, nbytes = native.storage_of(o)
@@ -112,7 +118,7 @@ def build_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
         else:
             found = [new_output(r)]
         barrier |= None in found
-        specs += found
+        specs += [f for f in found if f is not _UNDEFINED]
     if not schema_returns:  # in place, returning nothing (_foreach_add_): the written inputs
         specs = [alias_of(t) for t in output_slots(info, result, args, kwargs)]
         barrier |= None in specs

@@ -160,10 +160,13 @@ struct OutputSpec {  // a new output as the trace promises it
   int64_t offset;
   at::ScalarType dtype;
   int64_t nbytes;  // of its storage
+  // An undefined tensor (None in Python): a gradient not asked for, as convolution_backward
+  // returns for the input of a network's first layer. No storage, nothing to fill.
+  bool defined = true;
 };
 struct DeferPlan {  // how to hand out a deferred op's results
   c10::DeviceIndex device;
-  std::vector<OutputSpec> outputs;  // the new outputs, in return order (lists flattened)
+  std::vector<OutputSpec> outputs;  // the new (or undefined) outputs, in return order (lists flattened)
   std::vector<int64_t> list_lengths;  // per Tensor[] return
 };
 // The route decides for each op of a native tensor: true if it handled the op (ran it, or

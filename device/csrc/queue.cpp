@@ -329,13 +329,21 @@ void run_entry(Launch& launch, Entry& entry) {
   bind_pending(launch, entry, stack);
   entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   release_pending(launch, entry);
-  size_t out = 0;
+  size_t spec_index = 0;
+  size_t out = 0;  // entry.outputs holds the defined outputs only
   auto take = [&](const IValue& v) {
+    const OutputSpec& spec = entry.plan->outputs[spec_index++];
+    if (!spec.defined) {
+      TORCH_CHECK(!v.toTensor().defined(), "adaptive engine bug: ", entry.op.schema().operator_name(),
+                  " produced a result where its trace promised none. Set NEURON_ADAPTIVE_EAGER=0 to avoid it, "
+                  "and please report it.");
+      return;
+    }
     const size_t k = out++;
     const c10::StorageImpl* key = entry.outputs[k]._unsafe_get_target();
     const bool read_later = launch.readers.count(key) > 0;
     if (auto target = entry.outputs[k].lock()) {
-      fill(target, v.toTensor(), entry.plan->outputs[k], entry.op);
+      fill(target, v.toTensor(), spec, entry.op);
       if (read_later) {  // the bytes, not the storage: its holders' use counts stay theirs
         launch.produced[key] = c10::newStorageImplFromRefcountedDataPtr(c10::Storage(std::move(target)));
       }
@@ -468,7 +476,8 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   size_t next_list = 0;
   auto new_output = [&]() {
     TORCH_CHECK(next < plan->outputs.size(), "adaptive engine bug: too few output specs for ", schema.operator_name());
-    return lazy_output(plan->outputs[next++], plan->device, entry);
+    const OutputSpec& spec = plan->outputs[next++];
+    return spec.defined ? lazy_output(spec, plan->device, entry) : at::Tensor();
   };
   for (const auto& r : schema.returns()) {
     const auto* alias_info = r.alias_info();

@@ -274,12 +274,18 @@ void set_host_sync(py::object sync) {
   });
 }
 
-std::shared_ptr<neuron::DeferPlan> make_plan(
-    int64_t device, const std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t, at::ScalarType, int64_t>>& outputs,
-    std::vector<int64_t> list_lengths) {
+using OutputTuple = std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t, at::ScalarType, int64_t>;
+
+std::shared_ptr<neuron::DeferPlan> make_plan(int64_t device, const std::vector<std::optional<OutputTuple>>& outputs,
+                                             std::vector<int64_t> list_lengths) {
   auto plan = std::make_shared<neuron::DeferPlan>();
   plan->device = neuron::checked_device(device);
-  for (const auto& [sizes, strides, offset, dtype, nbytes] : outputs) {
+  for (const auto& output : outputs) {
+    if (!output) {  // an undefined result
+      plan->outputs.push_back(neuron::OutputSpec{{}, {}, 0, at::ScalarType::Undefined, 0, /*defined=*/false});
+      continue;
+    }
+    const auto& [sizes, strides, offset, dtype, nbytes] = *output;
     TORCH_CHECK(sizes.size() == strides.size(), "an output spec needs one stride per size");
     plan->outputs.push_back(neuron::OutputSpec{sizes, strides, offset, dtype, nbytes});
   }
@@ -294,7 +300,8 @@ void bind_route(py::module_& m) {
   m.attr("RUN_EAGER") = *g_run_eager;
   py::class_<neuron::DeferPlan, std::shared_ptr<neuron::DeferPlan>>(m, "DeferPlan")
       .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
-           "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order");
+           "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order; "
+           "None for an undefined one");
   m.def("set_engine", &set_engine, "engine(op, args, kwargs) gets every op of native tensors; None: none does");
   // A storage's identity and size without making its Python object (which would hold a
   // reference to it: Note [Queued arguments count no references]).
