@@ -4,8 +4,9 @@ Each program is generated from a seed as plain Python source (a failure prints t
 and a shrunk one): a few neuron tensors and views of them (slices, transpose, view/reshape,
 expand), then a loop whose body (3-15 statements) repeats 2-12 times, so the engine detects
 it, caches it and replays it as fused launches. The body mixes elementwise ops, reductions,
-matmuls, other dtypes, in-place updates (add_, mul_, copy_, index_put_, masked_fill_, out=,
-setitem; also through views and into values the loop produced), random ops (dropout,
+matmuls, linalg ops and ops that return nothing (_assert_async), other dtypes, in-place
+updates (add_, mul_, copy_, index_put_, masked_fill_, out=, setitem; also through views and
+into values the loop produced), random ops (dropout,
 rand_like, bernoulli_, normal_, randperm, multinomial), lifted Python-float scalars that
 change every iteration, CPU 0-dim tensors as scalars (also mutated after use), host reads
 (item, tolist, print, bool, repr, equal, copies to the CPU), synchronize(), host-to-device
@@ -422,11 +423,27 @@ class _Gen:
         ])
         return [f"{self.new(M)} = {expr}"]
 
+    def linalg(self):
+        """linalg ops on a well-conditioned matrix (their error checks, _linalg_check_errors,
+        return nothing), and ops that return nothing at all (_assert_async)."""
+        r = self.rng
+        x = f"torch.nan_to_num({self.as_m()}).clamp(-3, 3)"
+        if r.random() < 0.25:
+            return [f"torch._assert_async(({x}.abs().sum() >= 0), 'a sum of magnitudes is never negative')"]
+        spd = f"({x} @ {x}.t() + 4 * torch.eye(4, device='neuron'))"
+        expr, shape = r.choice([
+            (f"torch.linalg.cholesky({spd})", S), (f"torch.linalg.solve({spd}, {self.as_m()})", M),
+            (f"torch.linalg.inv({spd})", S), (f"torch.linalg.det({spd})", Z),
+            (f"torch.linalg.qr({x}.t()).Q", N),
+        ])
+        return [f"{self.new(shape)} = {expr}"]
+
     def statement(self, pure_only: bool):
         r = self.rng
         makers = [(self.elementwise, 5), (self.scalar, 4), (self.reduction, 3), (self.matmul, 3),
                   (self.inplace, 6), (self.carry, 1), (self.random_op, 2), (self.view_of, 2),
-                  (self.typed, 2), (self.grad_step, 0.7), (self.factory, 1.5), (self.kernel, 1)]
+                  (self.typed, 2), (self.grad_step, 0.7), (self.factory, 1.5), (self.kernel, 1),
+                  (self.linalg, 1)]
         if not pure_only:  # these sync, add no device op, or make iterations differ: may never fuse
             makers += [(self.host_mutation, 0.5), (self.drop, 1), (self.alias_flip, 1), (self.swap, 3),
                        (self.host_read, 2), (self.sync, 0.5), (self.h2d, 1), (self.divergent, 1),
@@ -651,7 +668,8 @@ def test_generator_covers_every_feature():
                    "b_t", "a_rows", "vec_e", "w_v", "get_rng_state", "manual_seed(i)", "# view", "bfloat16",
                    "backward()", "aliasing changes", "ping-pong", "torch.full(", "neuron:1", "host mutation",
                    "drop the reference", "nonzero()", "multinomial", "out=", "repr(", "torch.equal(",
-                   "scaled_dot_product_attention(", "dropout_p=", "rms_norm("):
+                   "scaled_dot_product_attention(", "dropout_p=", "rms_norm(", "linalg.cholesky(",
+                   "linalg.solve(", "linalg.inv(", "linalg.det(", "linalg.qr(", "_assert_async("):
         assert needle in text, f"no generated program uses {needle!r}"
     assert sum(generate(s).diverges for s in range(N_PROGRAMS)) >= 20
 
