@@ -318,3 +318,52 @@ def test_load_with_map_location_neuron_is_safe_and_honours_the_index():
     r = run_json(_LOAD_MAP_NEURON)
     assert r == {"neuron": ["neuron:0", True], "neuron:2": ["neuron:2", True],
                  "dict": ["neuron:3", True]}
+
+
+# -- layouts: neuron tensors are dense (Note [Dense layouts only] in device/csrc/layouts.cpp) --
+_DENSE = torch.eye(3)
+_CSR_PARTS = (torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2]), torch.ones(3))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _DENSE.to_sparse().to("neuron"),
+    lambda: _DENSE.to_sparse_csr().to("neuron"),
+    lambda: _DENSE.to_sparse_csc().to("neuron"),
+    lambda: _DENSE.to_sparse_bsr((1, 1)).to("neuron"),
+    lambda: torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 1]]), torch.ones(2), (2, 2), device="neuron"),
+    lambda: torch.sparse_csr_tensor(*_CSR_PARTS, device="neuron"),
+    lambda: torch.sparse_csr_tensor(*(p.to("neuron") for p in _CSR_PARTS)),
+    lambda: torch.sparse_compressed_tensor(*_CSR_PARTS, (3, 3), layout=torch.sparse_csr, device="neuron"),
+    lambda: torch.eye(3, device="neuron").to_sparse(),
+    lambda: torch.eye(3, device="neuron").to_sparse_csr(),
+], ids=["coo.to", "csr.to", "csc.to", "bsr.to", "coo-factory", "csr-factory", "csr-of-neuron-parts",
+        "compressed-factory", "to_sparse-on-neuron", "to_sparse_csr-on-neuron"])
+def test_a_sparse_tensor_is_refused_where_it_would_be_made(make):
+    # Made, it failed at every op (.cpu() included) with "Could not run ... 'SparseCsrneuron'".
+    with pytest.raises(NotImplementedError, match=r"dense \(strided\) only.*sparse.*on the CPU"):
+        make()
+
+
+def test_a_strided_nested_tensor_is_refused_with_the_jagged_layout_as_the_way():
+    refused = pytest.raises(NotImplementedError, match=r"dense \(strided\) only.*nested.*layout=torch.jagged")
+    parts = [torch.ones(2), torch.ones(3)]
+    with refused:
+        torch.nested.nested_tensor(parts).to("neuron")
+    with refused:
+        torch.nested.as_nested_tensor([p.to("neuron") for p in parts])
+    # torch.nested.nested_tensor(..., device=) builds it below the dispatcher (no op of ours is
+    # asked): that one is refused at its first use, every op and .cpu() alike.
+    made = torch.nested.nested_tensor(parts, device="neuron")
+    with refused:
+        made.cpu()
+    with refused:
+        made + 1
+
+
+def test_a_jagged_nested_tensor_runs_on_neuron_as_on_cpu():
+    parts = [torch.arange(2.0), torch.arange(3.0)]
+    on_cpu = torch.nested.nested_tensor(parts, layout=torch.jagged)
+    on_neuron = torch.nested.nested_tensor(parts, layout=torch.jagged, device="neuron")
+    assert on_neuron.device == NEURON0
+    got, expected = (on_neuron.sin() * 2).cpu(), on_cpu.sin() * 2
+    assert all(torch.equal(a, b) for a, b in zip(got.unbind(), expected.unbind()))

@@ -324,6 +324,9 @@ struct HostCall {
     if (!r.defined() || r.device().type() != c10::kCPU) {
       return r;
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(!r.is_nested(), "neuron tensors are dense (strided) only, but this op produced a nested "
+        "tensor of the strided layout. Use the jagged layout, which is built of dense tensors and runs on neuron: "
+        "torch.nested.nested_tensor(tensors, layout=torch.jagged, device='neuron').");
     if (r.layout() != c10::kStrided) {
       TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors are dense (strided) only, but this op produced a ",
           layout_name(r.layout()), " tensor. Keep sparse tensors on the CPU (x.cpu().to_sparse()), or use a dense equivalent "
@@ -791,6 +794,7 @@ void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>
   aten->impl("record_stream", TORCH_FN(record_stream));
   aten->impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   register_cpu_kernels_whole(*aten);
+  refuse_sparse_and_nested(g_libraries);
   // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose
   // gloo rejects neuron tensors. Run on the host aliases, c10d's CPU kernels hand gloo the
   // device's bytes: gloo reads and writes them in place, async work included.

@@ -21,6 +21,10 @@
 #include <utility>
 #include <vector>
 
+namespace torch {
+class Library;
+}  // namespace torch
+
 namespace neuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
@@ -146,6 +150,9 @@ void reset_counters();
 // cost model's figures (us_per_flop by ScalarType code).
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
                    double default_us_per_flop);
+// layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
+// alive in libraries (Note [Dense layouts only]).
+void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
 // The op on the eager path now, whatever the route (after the queue has run).
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // A CPU tensor on t's bytes that keeps them alive; a neuron tensor adopting host's bytes
