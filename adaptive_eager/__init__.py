@@ -7,14 +7,18 @@ import torch  # noqa: F401  (first: torch's backend autoload then finds us mid-i
 
 from dispatch import register as _register
 
+from .mode import SWITCH as _SWITCH, get_mode, mode, set_mode  # noqa: E402
+
+# Every setting is read before the device registers: a bad one leaves nothing half-done, and
+# the autoload can make the device refuse instead (Note [A bad setting fails at first use]).
+_default_mode = _SWITCH.default_from_env()
 _register()
 
-from .mode import SWITCH as _SWITCH, get_mode, mode, set_mode  # noqa: E402
 from .stats import Stats, reset_stats, stats  # noqa: E402
 from .explain import Explanation, explain  # noqa: E402
 from dispatch.custom_kernels import custom_kernel, set_cost  # noqa: E402
 
-_SWITCH.set(_SWITCH.default_from_env())
+_SWITCH.set(_default_mode)
 
 # Last, once the engine's modules are loaded: Note [Opaque to Dynamo]. Modules imported later
 # (the command line, dispatch.compile_backend) mark themselves or never run under Dynamo.

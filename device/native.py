@@ -16,6 +16,7 @@ except ImportError as exc:  # a source tree that was never installed, or a build
         "(a C++ compiler is needed; torch is fetched for the build).") from exc
 
 install = _C.install
+install_refusing_guard = _C.install_refusing_guard  # a bad setting: Note [A bad setting fails at first use]
 current_device = _C.current_device
 set_current_device = _C.set_current_device
 # memory

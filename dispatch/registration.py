@@ -47,7 +47,11 @@ def register() -> None:
                 f"PrivateUse1 is already registered as {current!r} in this process, so adaptive-eager cannot "
                 f"register 'neuron'. Only one PrivateUse1 backend can be loaded per process; "
                 f"disable the other one (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and import one explicitly).")
-        runtime = neuron_device.get_runtime()
+        runtime = neuron_device.get_runtime()  # reads (and checks) every device setting
+        # The autoload met a bad setting that is fixed now: Note [A bad setting fails at first use].
+        import _adaptive_eager_autoload
+
+        _adaptive_eager_autoload.withdraw_refusal()
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
         torch.utils.generate_methods_for_privateuse1_backend()
         module = build_module(runtime)

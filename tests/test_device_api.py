@@ -64,12 +64,55 @@ def test_bad_configuration_values_are_named_with_the_fix(key, value, message):
     assert message in str(err.value)
 
 
-def test_bad_configuration_fails_the_import_with_the_variable_named():
-    proc = run_python("import torch", env={**_DEFAULT_ENV, "NEURON_NUM_DEVICES": "many"})
-    assert proc.returncode != 0
-    assert "NeuronConfigError: NEURON_NUM_DEVICES='many' is not an integer" in proc.stderr
-    # torch's own wrapper says how to get plain PyTorch back
-    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in proc.stderr
+_FIRST_USES = """
+    import warnings
+    import torch
+    out = {"cpu": torch.ones(2).sum().item()}  # import torch worked, and CPU with it
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out["available"] = torch.accelerator.is_available()
+    out["warning"] = str(seen[0].message) if seen else None
+    out["count"], out["probe"] = torch.neuron.device_count(), hasattr(torch.neuron, "synchronize")
+    for name, use in [("factory", lambda: torch.ones(2, device="neuron")),
+                      ("to", lambda: torch.nn.Linear(2, 2).to("neuron")),
+                      ("tensor", lambda: torch.tensor([1.0], device="neuron")),
+                      ("module", lambda: torch.neuron.synchronize()),
+                      ("import", lambda: __import__("adaptive_eager"))]:
+        try:
+            use()
+            out[name] = "worked"
+        except RuntimeError as exc:
+            out[name] = str(exc)
+    emit(out)
+"""
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("NEURON_NUM_DEVICES", "many", "NEURON_NUM_DEVICES='many' is not an integer"),
+    ("NEURON_ADAPTIVE_EAGER", "banana", "NEURON_ADAPTIVE_EAGER='banana' is not a mode"),
+    ("NEURON_LAUNCH_OVERHEAD_US", "nan", "NEURON_LAUNCH_OVERHEAD_US='nan' is not a finite number"),
+])
+def test_a_bad_setting_fails_at_the_first_use_of_neuron_not_at_import(key, value, message):
+    # import torch used to fail, in programs that never touch neuron too.
+    out = run_json(_FIRST_USES, env={**_DEFAULT_ENV, key: value})
+    assert out["cpu"] == 2.0
+    assert (out["available"], out["count"], out["probe"]) == (False, 0, False)  # as torch.cuda without a driver
+    assert message in out["warning"]
+    for use in ("factory", "to", "tensor", "module", "import"):
+        assert message in out[use], (use, out[use])
+
+
+def test_a_bad_setting_fixed_in_the_process_leaves_a_working_device():
+    out = run_json("""
+        import os
+        import torch
+        os.environ["NEURON_NUM_DEVICES"] = "2"
+        import adaptive_eager
+        x = torch.ones(2, device="neuron", requires_grad=True)
+        (x * 3).sum().backward()
+        emit([torch.neuron.device_count(), x.grad.tolist(), str(x.device)])
+    """, env={**_DEFAULT_ENV, "NEURON_NUM_DEVICES": "many"})
+    assert out == [2, [3.0, 3.0], "neuron:0"]
 
 
 def test_an_unknown_mode_is_refused_not_taken_for_adaptive(monkeypatch):

@@ -29,8 +29,11 @@ using c10::Stream;
 std::atomic<DeviceIndex> g_device_count{0};
 thread_local DeviceIndex t_current_device = 0;
 
+std::string g_refusal;  // why there is no device (install_refusing_guard), until install_guard
+
 DeviceIndex checked(DeviceIndex index) {
   const DeviceIndex count = g_device_count.load();
+  TORCH_CHECK(count > 0 || g_refusal.empty(), g_refusal);
   TORCH_CHECK_INDEX(index >= 0 && index < count, "Invalid device: neuron:", static_cast<int>(index),
                     ". The device index is out of range; it must be in [0, ", static_cast<int>(count),
                     ") (set NEURON_NUM_DEVICES or NEURON_LOGICAL_NC_CONFIG for more devices).");
@@ -144,15 +147,28 @@ DeviceIndex current_device() { return t_current_device; }
 DeviceIndex checked_device(int64_t index) { return checked(static_cast<DeviceIndex>(index)); }
 void set_current_device(int64_t index) { exchange(static_cast<DeviceIndex>(index)); }
 
+void register_guard_impl() {
+  static NeuronGuardImpl guard;
+  static c10::impl::DeviceGuardImplRegistrar registrar(kNeuron, &guard);  // once: the first call
+}
+
 // Once per process, at registration (dispatch/registration.py), with the runtime's count.
 void install_guard(int64_t device_count) {
   TORCH_CHECK(!g_installed, "the neuron device guard is installed once per process");
   TORCH_CHECK(device_count > 0 && device_count <= 64, "device_count must be in [1, 64], got ", device_count);
   g_device_count.store(static_cast<DeviceIndex>(device_count));
-  static NeuronGuardImpl guard;
-  static c10::impl::DeviceGuardImplRegistrar registrar(kNeuron, &guard);
+  register_guard_impl();
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());  // torch keeps it for the process
   g_installed = true;
+}
+
+// A bad setting (Note [A bad setting fails at first use] in _adaptive_eager_autoload.py): the
+// guard alone, with no device, so that `device='neuron'` (which asks the current device)
+// reaches the refusing kernels and their message; install_guard may follow once it is fixed.
+void install_refusing_guard(std::string message) {
+  TORCH_CHECK(!g_installed, "the neuron device is installed already");
+  g_refusal = std::move(message);
+  register_guard_impl();
 }
 
 }  // namespace neuron

@@ -75,6 +75,8 @@ void set_synchronizer(py::object fn) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "The neuron device's C++ runtime core: guard and hooks, memory accounting and allocator, clock.";
   m.def("install", &install, "register guard, hooks, allocator and clock for the runtime's devices");
+  m.def("install_refusing_guard", &neuron::install_refusing_guard,
+        "a device guard with no device, raising message at every device check (a bad setting)");
   m.def("current_device", []() { return static_cast<int64_t>(neuron::current_device()); });
   m.def("set_current_device", &neuron::set_current_device);
   m.def("device_count", []() { return static_cast<int64_t>(neuron::device_count()); });

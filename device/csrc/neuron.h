@@ -37,6 +37,8 @@ c10::DeviceIndex checked_device(int64_t index);
 void set_current_device(int64_t index);
 // Registers the guard and hooks for device_count devices. Once, at install.
 void install_guard(int64_t device_count);
+// The guard with no device (count 0, no hooks), whose every device check raises message.
+void install_refusing_guard(std::string message);
 
 // memory.cpp: the bytes each device holds, against its capacity.
 // Counts nbytes against device d, or raises torch.OutOfMemoryError (counting nothing);
