@@ -53,6 +53,7 @@ OPTIONS = {
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_generate_gives_cpus_tokens_in_eager_and_adaptive_mode(name, options):
     cpu, _ = _generate(name, "cpu", "eager", OPTIONS[options])
+    torch._dynamo.reset()  # compiled code of an earlier test would be reused, and count no graph
     torch._dynamo.utils.counters.clear()
     eager, eager_launches = _generate(name, "neuron", "eager", OPTIONS[options])
     if "static" in options:  # transformers compiled the forward on neuron: that ran, not the eager one
