@@ -401,6 +401,31 @@ def test_factory_past_capacity_raises_oom_before_allocating_on_the_host(oom_run)
     assert oom_run["after_factory"] == oom_run["allocated"] == 16 * 1024**2
 
 
+def test_factories_run_on_the_host_check_capacity_before_filling_host_memory():
+    # arange, eye, linspace and randperm run CPU's kernel whole: their results were made on the
+    # host first (4.3 GB of RSS for a 1 GiB device). 4 TiB or more: no host could make them,
+    # so the device's OOM proves the check came first.
+    out = run_json("""
+        import torch
+        found = {}
+        for name, make in [("arange", lambda: torch.arange(1 << 40, dtype=torch.float32, device="neuron")),
+                           ("eye", lambda: torch.eye(1 << 20, device="neuron")),
+                           ("linspace", lambda: torch.linspace(0, 1, 1 << 40, device="neuron")),
+                           ("randperm", lambda: torch.randperm(1 << 40, device="neuron"))]:
+            try:
+                make()
+                found[name] = "made"
+            except torch.OutOfMemoryError as e:
+                found[name] = str(e)
+        found["small"] = torch.arange(4, device="neuron").tolist()
+        emit(found)
+    """, env={**_DEFAULT_ENV, "NEURON_DEVICE_MEMORY": "64MiB"})
+    assert out.pop("small") == [0, 1, 2, 3]
+    for name, message in out.items():
+        assert message.startswith("neuron:0 out of memory. Tried to allocate"), (name, message)
+        assert "total capacity of 64.00 MiB" in message
+
+
 def test_op_result_past_capacity_raises_oom_and_the_device_stays_usable(oom_run):
     msg = oom_run["op"]
     assert msg is not None

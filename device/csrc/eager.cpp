@@ -415,6 +415,33 @@ bool is_cpu_index_op(const c10::OperatorName& name) {
   return n == "aten::index" || n == "aten::index_put_" || n == "aten::index_put" || n == "aten::_index_put_impl_";
 }
 
+// A factory run whole on the host (arange, eye, linspace, randperm: Note [CPU kernels whole])
+// would fill host memory with its result before the device's allocator, adopting it, found
+// it too large (4 GiB of RSS for a 1 GiB device). Its meta run sizes the result first, and the
+// device's capacity is checked then, with the allocator's OutOfMemoryError.
+void check_factory_fits(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, DeviceIndex d) {
+  torch::jit::Stack meta(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end());
+  for (IValue& v : meta) {
+    if (v.isDevice()) {
+      v = IValue(c10::Device(c10::kMeta));
+    } else if (v.isGenerator()) {
+      v = IValue();  // meta kernels draw nothing
+    }
+  }
+  try {
+    op.callBoxed(&meta);
+  } catch (const std::exception&) {
+    return;  // no meta kernel: the allocator checks when the result is adopted
+  }
+  int64_t nbytes = 0;
+  for (const IValue& v : meta) {
+    if (v.isTensor()) {
+      nbytes += static_cast<int64_t>(v.toTensor().storage().nbytes());
+    }
+  }
+  check_fits(d, nbytes);
+}
+
 void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const c10::OperatorName& name = schema.operator_name();
@@ -433,6 +460,9 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const DeviceIndex d = call.device >= 0 ? call.device : (call.target >= 0 ? call.target : current_device());
   const DeviceIndex result_device = call.target >= 0 ? call.target : d;
+  if (call.aliases.empty() && call.target >= 0) {  // a factory on the device
+    check_factory_fits(op, *stack, first, call.target);
+  }
   std::unique_ptr<DefaultGeneratorLent> lent;
   if (generator_arg >= 0) {
     IValue& g = (*stack)[first + generator_arg];
