@@ -510,11 +510,28 @@ void check_dense_unpinned(c10::optional<at::Layout> layout, c10::optional<bool> 
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
 }
 
+// Note [Allocation in stream order]: an empty tensor is allocated when it is issued, but the
+// adaptive engine may still hold earlier ops back (queued, or in flight on the device
+// stream), which in eager mode would have made and freed their temporaries before it. Taken
+// first, its bytes could make those ops run out of memory where eager mode does not (a
+// `repeat` at the top of each step, 8 MiB device: an OOM every fourth step, eager none). So
+// when it and everything the held-back ops will allocate might not fit together, those ops
+// run first: the allocation then meets the memory eager mode's would, and raises the OOM
+// eager mode raises, here. With room to spare nothing waits.
+void allocate_in_stream_order(c10::DeviceIndex d, int64_t nbytes) {
+  const int64_t ahead = planned_bytes_ahead();
+  if (ahead > 0 && !fits(d, nbytes + ahead)) {
+    sync_before_host_access("memory");
+  }
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
                                c10::optional<at::Layout> layout, c10::optional<at::Device> device,
                                c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format) {
   check_dense_unpinned(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));  // the allocator takes the current device
+  allocate_in_stream_order(current_device(), static_cast<int64_t>(at::detail::computeStorageNbytesContiguous(
+                                                 size, c10::elementSize(c10::dtype_or_default(dtype)))));
   return at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -524,6 +541,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
                          c10::optional<bool> pin_memory) {
   check_dense_unpinned(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));
+  allocate_in_stream_order(current_device(), static_cast<int64_t>(at::detail::computeStorageNbytes(
+                                                 size, stride, c10::elementSize(c10::dtype_or_default(dtype)))));
   return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(kNeuron),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));

@@ -202,6 +202,12 @@ void check_fits(c10::DeviceIndex d, int64_t nbytes) {
   check_fits(m, d, nbytes);
 }
 
+bool fits(c10::DeviceIndex d, int64_t nbytes) {
+  DeviceMemory& m = memory_of(d);
+  std::lock_guard<std::mutex> guard(m.lock);
+  return m.allocated + nbytes <= m.capacity;
+}
+
 void resize_charge(c10::DeviceIndex d, int64_t old_nbytes, int64_t new_nbytes) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);

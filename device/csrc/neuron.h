@@ -50,6 +50,7 @@ void release(c10::DeviceIndex d, size_t nbytes) noexcept;
 void install_memory(const std::vector<int64_t>& capacities);
 // Raises torch.OutOfMemoryError unless nbytes more fit (counting nothing).
 void check_fits(c10::DeviceIndex d, int64_t nbytes);
+bool fits(c10::DeviceIndex d, int64_t nbytes);  // whether nbytes more fit, without raising
 // A charged storage changed size in place (resize_): charge the difference.
 void resize_charge(c10::DeviceIndex d, int64_t old_nbytes, int64_t new_nbytes);
 // Undoes a charge without counting a free (the storage is charged another way from now on).
@@ -207,6 +208,9 @@ void check_computed(const c10::Storage& storage);
 [[noreturn]] void raise_failure();
 void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan);
 int64_t queue_size();
+// The bytes of the new outputs that the queued ops and the launch in flight will allocate
+// when they run (an upper bound of what they hold at once).
+int64_t planned_bytes_ahead();
 // The queued ops of one device: issued, not yet run (stats() counts them as ops issued).
 int64_t queued_ops(c10::DeviceIndex device);
 // Runs the queue as one launch; returns how many ops ran. On an op's error, raises it after

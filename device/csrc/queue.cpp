@@ -84,6 +84,7 @@ struct Launch {
   std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
   std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
   int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
+  int64_t planned_bytes = 0;  // the new outputs' bytes its plans promise (Note [Allocation in stream order])
 };
 
 Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) and the GIL
@@ -113,8 +114,10 @@ struct Worker {
   // The storages the launch in flight makes: the host's own copy, fixed at submit (the
   // thread never reads it), so the host waits only to capture one of them (reads_unmade_bytes).
   std::unordered_set<const c10::StorageImpl*> making;
+  std::atomic<int64_t> planned_bytes{0};  // of the launch in flight, until it has run
 
   void submit(std::unique_ptr<Launch> launch) {
+    planned_bytes.store(launch->planned_bytes);
     making.clear();
     for (const Entry& e : launch->entries) {
       for (const auto& out : e.outputs) {
@@ -152,6 +155,7 @@ struct Worker {
         result.error = std::current_exception();
       }
       launch.reset();  // its inputs and kept values go now, on this thread
+      planned_bytes.store(0);
       std::unique_lock<std::mutex> guard(lock);
       outcome = std::move(result);
       finished = true;
@@ -477,6 +481,7 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   auto new_output = [&]() {
     TORCH_CHECK(next < plan->outputs.size(), "adaptive engine bug: too few output specs for ", schema.operator_name());
     const OutputSpec& spec = plan->outputs[next++];
+    g_queue.planned_bytes += spec.defined ? spec.nbytes : 0;
     return spec.defined ? lazy_output(spec, plan->device, entry) : at::Tensor();
   };
   for (const auto& r : schema.returns()) {
@@ -511,6 +516,8 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
 }
 
 int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
+
+int64_t planned_bytes_ahead() { return g_queue.planned_bytes + g_worker->planned_bytes.load(); }
 
 int64_t queued_ops(c10::DeviceIndex device) {
   int64_t n = 0;
