@@ -328,6 +328,7 @@ def test_an_interrupt_after_an_op_is_counted_but_before_it_is_queued_leaves_the_
 # -- memory near capacity: Note [Allocation in stream order] in device/csrc/eager.cpp ---------------
 _NEAR_CAPACITY = """
     import torch, adaptive_eager
+    hold_bytes = HOLD_BYTES
     out = {}
     for mode in ("eager", "adaptive"):
         adaptive_eager.set_mode(mode)
@@ -337,20 +338,20 @@ _NEAR_CAPACITY = """
         reads, ooms, hold = [], [], None
         for step in range(30):
             try:
-                if step in (7, 8, 19):  # another 6 MiB held: these steps cannot fit, in either mode
-                    hold = torch.empty(6 << 20, dtype=torch.uint8, device="neuron")
+                if step in (7, 8, 19):  # more held: these steps cannot fit, in either mode
+                    hold = torch.empty(hold_bytes, dtype=torch.uint8, device="neuron")
                 elif step in (9, 20):
                     hold = None
                 x = base.repeat(8, 1, 1)  # 2 MiB, allocated at issue, while the last step may be held back
                 y = (x @ w).relu().sum(0)  # two 2 MiB temporaries
                 w.add_(y * 1e-6)
                 if step % 4 == 3:
-                    reads.append(w.sum().item())
+                    reads.append((step, w.sum().item()))
             except torch.OutOfMemoryError:
                 ooms.append(step)
                 x = y = None
         torch.neuron.synchronize()
-        out[mode] = {"ooms": ooms, "reads": reads + [w.sum().item()]}
+        out[mode] = {"ooms": ooms, "reads": reads, "final": w.sum().item()}
         del w, base, x, y, hold
     emit(out)
 """
@@ -360,6 +361,23 @@ def test_a_loop_near_capacity_runs_out_of_memory_where_eager_does_and_retries_as
     # The repeat's bytes were taken before the held-back ops of the previous step made theirs:
     # adaptive ran out of memory every fourth step where eager never did, one OOM surfaced
     # only at the final synchronize, and the loop's reads then differed from eager's.
-    out = run_json(_NEAR_CAPACITY, env={"NEURON_DEVICE_MEMORY": "8MiB"})
-    assert out["eager"]["ooms"] == [7, 8, 19]
+    out = run_json(_NEAR_CAPACITY.replace("HOLD_BYTES", str(6 << 20)), env={"NEURON_DEVICE_MEMORY": "8MiB"})
+    assert out["eager"]["ooms"] == [7, 8, 19]  # each at the allocation of the step's repeat or the hold
     assert out["adaptive"] == out["eager"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fused ops allocate when their launch runs, not when they are issued: the host has run on "
+    "and dropped `hold` by then, so the relu fits where eager's did not (issue 13 item 5: the "
+    "fix is to count device memory at issue, as a caching allocator on a real stream does)"))
+def test_an_oom_inside_a_fused_launch_surfaces_once_at_the_next_sync_and_the_retry_is_eagers():
+    # 3.5 MiB held: at step 8 eager runs out at relu, an op that adaptive mode fused. Its OOM
+    # must come at the next sync point (step 11's read: that read is lost, as with any
+    # deferred error; NEURON_LAUNCH_BLOCKING=1 raises it at the op), once, and what ran must
+    # be what eager ran: the failed step's ops after relu did not, the later steps did.
+    out = run_json(_NEAR_CAPACITY.replace("HOLD_BYTES", str(7 << 19)), env={"NEURON_DEVICE_MEMORY": "8MiB"})
+    eager, adaptive = out["eager"], out["adaptive"]
+    assert eager["ooms"] == [7, 8, 19]
+    assert adaptive["ooms"] == [7, 11, 19]
+    assert adaptive["reads"] == [r for r in eager["reads"] if r[0] != 11]
+    assert adaptive["final"] == eager["final"]
