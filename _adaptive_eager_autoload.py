@@ -18,7 +18,7 @@ AttributeError too).
 """
 import sys
 
-_refusal = []  # the library holding the fallback that raises, while the device is refused
+_refusal = []  # the libraries of the kernels that raise, while the device is refused
 
 
 def _initializing(name: str) -> bool:
@@ -76,6 +76,7 @@ def _refuse_the_device(error) -> None:
                 and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")):
             aten.impl(name[len("aten::"):], refuse, "PrivateUse1")
     _refusal.append(aten)
+
     def is_available() -> bool:
         warnings.warn(f"neuron is unavailable: {message}", RuntimeWarning, stacklevel=2)
         return False

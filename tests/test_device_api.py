@@ -5,7 +5,7 @@ import torch
 
 from device import DeviceConfig, NeuronConfigError, NeuronDeviceError
 from dispatch import CONTEXT
-from subproc import run_json, run_python
+from subproc import run_json
 
 # Variables that change the configuration: removed for the "default" child processes.
 _CONFIG_VARS = ("NEURON_PROFILE", "NEURON_NUM_DEVICES", "NEURON_LOGICAL_NC_CONFIG",

@@ -16,7 +16,7 @@ from clients import host_state, require
 
 transformers = require("transformers")
 require("accelerate")
-from accelerate.state import AcceleratorState, PartialState  # noqa: E402
+from accelerate.state import AcceleratorState  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
