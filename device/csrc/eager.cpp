@@ -32,6 +32,7 @@
 #include <c10/core/RefcountedDeleter.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <typeinfo>
@@ -415,11 +416,43 @@ bool is_cpu_index_op(const c10::OperatorName& name) {
   return n == "aten::index" || n == "aten::index_put_" || n == "aten::index_put" || n == "aten::_index_put_impl_";
 }
 
-// A factory run whole on the host (arange, eye, linspace, randperm: Note [CPU kernels whole])
-// would fill host memory with its result before the device's allocator, adopting it, found
-// it too large (4 GiB of RSS for a 1 GiB device). Its meta run sizes the result first, and the
-// device's capacity is checked then, with the allocator's OutOfMemoryError.
+// Elements at most in the result of a factory run whole (Note [CPU kernels whole]), read
+// from its arguments; -1 when they do not say (another op, or arguments of other types).
+double factory_numel_bound(const c10::OperatorName& name, const torch::jit::Stack& stack, size_t first) {
+  auto number = [&](size_t i) {
+    const IValue& v = stack[first + i];
+    return v.isInt() ? static_cast<double>(v.toInt()) : v.isDouble() ? v.toDouble() : std::nan("");
+  };
+  const std::string& n = name.name;
+  const std::string& overload = name.overload_name;
+  double bound = -1;
+  if (n == "aten::arange" || n == "aten::range") {
+    const double start = overload.empty() ? 0 : number(0);
+    const double end = number(overload.empty() ? 0 : 1);
+    const double step = overload == "start_step" || overload == "step" ? number(2) : 1;
+    bound = std::abs(end - start) / std::abs(step) + 1;
+  } else if ((n == "aten::linspace" || n == "aten::logspace") && overload.empty()) {
+    bound = number(2);
+  } else if (n == "aten::eye") {
+    bound = number(0) * (overload == "m" ? number(1) : number(0));
+  } else if (n == "aten::randperm") {
+    bound = number(0);
+  }
+  return std::isfinite(bound) ? bound : -1;
+}
+
+// A factory run whole on the host (arange, eye, linspace, randperm) would fill host memory
+// with its result before the device's allocator, adopting it, found it too large (4 GiB of
+// RSS for a 1 GiB device). Where its arguments bound the result within the free memory
+// (the usual case: arange(seq_len) every step), nothing more is asked; else its meta run
+// sizes the result (~30 us), and the device's capacity is checked before any host byte.
 void check_factory_fits(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, DeviceIndex d) {
+  constexpr double kMaxElementBytes = 16;  // complex128
+  const double numel = factory_numel_bound(op.schema().operator_name(), stack, first);
+  if (numel >= 0 && numel * kMaxElementBytes < 1e18 &&
+      fits(d, static_cast<int64_t>(numel * kMaxElementBytes))) {
+    return;
+  }
   torch::jit::Stack meta(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end());
   for (IValue& v : meta) {
     if (v.isDevice()) {
