@@ -178,6 +178,7 @@ struct DeferPlan {  // how to hand out a deferred op's results
   c10::DeviceIndex device;
   std::vector<OutputSpec> outputs;  // the new (or undefined) outputs, in return order (lists flattened)
   std::vector<int64_t> list_lengths;  // per Tensor[] return
+  int64_t planned_bytes = 0;  // the new outputs' bytes, together (Note [Allocation in stream order])
 };
 // The route decides for each op of a native tensor: true if it handled the op (ran it, or
 // queued it with enqueue), false to have the eager path run it. Empty: every op is eager.

@@ -481,7 +481,6 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   auto new_output = [&]() {
     TORCH_CHECK(next < plan->outputs.size(), "adaptive engine bug: too few output specs for ", schema.operator_name());
     const OutputSpec& spec = plan->outputs[next++];
-    g_queue.planned_bytes += spec.defined ? spec.nbytes : 0;
     return spec.defined ? lazy_output(spec, plan->device, entry) : at::Tensor();
   };
   for (const auto& r : schema.returns()) {
@@ -511,6 +510,7 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   for (auto& v : returned) {
     stack->push_back(std::move(v));
   }
+  g_queue.planned_bytes += plan->planned_bytes;
   g_queue.entries.push_back(std::move(entry));
   update_held();
 }

@@ -288,6 +288,7 @@ std::shared_ptr<neuron::DeferPlan> make_plan(int64_t device, const std::vector<s
     const auto& [sizes, strides, offset, dtype, nbytes] = *output;
     TORCH_CHECK(sizes.size() == strides.size(), "an output spec needs one stride per size");
     plan->outputs.push_back(neuron::OutputSpec{sizes, strides, offset, dtype, nbytes});
+    plan->planned_bytes += nbytes;
   }
   plan->list_lengths = std::move(list_lengths);
   return plan;
