@@ -163,7 +163,7 @@ class AdaptiveExecutor(Executor):
     # -- the route's two ends ----------------------------------------------------------------
     def attach(self) -> None:
         native.set_host_sync(self._host_sync)
-        native.set_engine(self.route)
+        native.set_engine(self.route, self.issue_failed)
 
     def detach(self) -> None:
         native.set_engine(None)
@@ -232,10 +232,18 @@ class AdaptiveExecutor(Executor):
             except Exception:
                 raise
             except BaseException:
-                self._interrupted()
+                self._end_match("interrupted")
                 raise
 
-    def _interrupted(self) -> None:
+    def issue_failed(self) -> None:
+        """The route could not queue an op the engine deferred: making its outputs ran out of
+        device memory (they are charged at issue, where eager mode allocates them), and the
+        op raises as in eager mode. The match ends as at an interrupt (Note [Interrupted
+        issue]): the op was counted, not queued."""
+        with self._lock:
+            self._end_match("out of memory")
+
+    def _end_match(self, reason: str) -> None:
         """Note [Interrupted issue]: a KeyboardInterrupt (Ctrl-C; SystemExit too) is raised
         between any two bytecodes of the engine, so it can stop an op half matched: the
         position counted but the op not queued (route raises, the op never runs), or queued
@@ -246,8 +254,8 @@ class AdaptiveExecutor(Executor):
         p = self.pending
         self.pending = None
         if p is not None:
-            self.recent_flushes.append(f"interrupted: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
-            self.counters.flushes["interrupted"] += 1
+            self.recent_flushes.append(f"{reason}: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
+            self.counters.flushes[reason] += 1
             self._launch(p)
         self._resume_detection()
 
@@ -406,7 +414,7 @@ class AdaptiveExecutor(Executor):
             except Exception:
                 raise
             except BaseException:  # Note [Interrupted issue]
-                self._interrupted()
+                self._end_match("interrupted")
                 raise
 
     def _complete(self, p: Pending) -> None:

@@ -36,10 +36,10 @@ class Stats:
 def stats(device=None, *, wait: bool = True) -> Stats:
     """Counters of `device` (an index, 'neuron:N' or torch.device), or summed over all devices.
 
-    A fused launch running on the device stream charges its device time and memory when it
-    finishes, so stats() first waits for it. wait=False does not (a loop that reads its
-    counters every step then keeps its overlap): that launch and its ops count (they were
-    issued), its device time and memory do not yet."""
+    A fused launch running on the device stream charges its device time when it finishes,
+    so stats() first waits for it. wait=False does not (a loop that reads its counters every
+    step then keeps its overlap): that launch and its ops count (they were issued), its
+    device time does not yet. Memory is current either way: it is charged at issue."""
     runtime = CONTEXT.runtime
     engine = SWITCH.adaptive
     if wait:

@@ -176,26 +176,10 @@ at::Tensor host_alias_on(const c10::Storage& alias, const at::Tensor& t) {
 
 at::Tensor host_alias(const at::Tensor& t) { return host_alias_on(alias_storage(t.storage()), t); }
 
-// A neuron storage that adopts a CPU storage's bytes, zero-copy, charged to device d.
-struct Adopted {
-  c10::Storage cpu;
-  size_t nbytes;
-  DeviceIndex device;
-};
-
-void free_adopted(void* ctx) {
-  auto* a = static_cast<Adopted*>(ctx);
-  release(a->device, a->nbytes);
-  delete a;
-}
-
-c10::Storage adopt(const c10::Storage& cpu, DeviceIndex d) {
-  const size_t nbytes = cpu.nbytes();
-  charge(d, nbytes);  // raises torch.OutOfMemoryError: the CPU bytes die with the exception
-  void* data = const_cast<void*>(cpu.data());
-  auto* ctx = new Adopted{cpu, nbytes, d};
-  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                      c10::DataPtr(data, ctx, &free_adopted, c10::Device(kNeuron, d)),
+// A neuron storage that adopts a CPU storage's bytes, zero-copy, charged to device d (a new
+// result inside a launch is not: Note [Deferred outputs are charged at issue] in memory.cpp).
+c10::Storage adopt(const c10::Storage& cpu, DeviceIndex d, bool new_result) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), cpu.nbytes(), adopt_bytes(cpu, d, new_result),
                       c10::GetAllocator(kNeuron), /*resizable=*/true);
 }
 
@@ -291,7 +275,7 @@ struct HostCall {
     in_bytes += static_cast<double>(t.numel()) * t.element_size();
     at::Tensor alias;
     for (const auto& [host, base] : storages) {
-      if (base.is_alias_of(t.storage())) {  // an earlier argument's storage: the same alias
+      if (same_bytes(base, t.storage())) {  // an earlier argument's bytes: the same alias
         alias = host_alias_on(host, t);
         break;
       }
@@ -341,7 +325,7 @@ struct HostCall {
         return neuron_tensor_on(base, r);  // a view of an argument, or of an earlier new result
       }
     }
-    c10::Storage adopted = adopt(r.storage(), d);
+    c10::Storage adopted = adopt(r.storage(), d, /*new_result=*/true);
     // Other results on the same new bytes (several views of one buffer) share the storage.
     storages.emplace_back(r.storage(), adopted);
     return neuron_tensor_on(adopted, r);
@@ -371,7 +355,7 @@ struct HostCall {
     at::Tensor& original = *found;
     c10::TensorImpl* impl = original.unsafeGetTensorImpl();
     if (alias.storage().data() != original.storage().data() || alias.storage().nbytes() != original.storage().nbytes()) {
-      impl->set_storage_keep_dtype(adopt(alias.storage(), original.device().index()));
+      impl->set_storage_keep_dtype(adopt(alias.storage(), original.device().index(), /*new_result=*/false));
     }
     if (original.sizes() != alias.sizes() || original.strides() != alias.strides() ||
         original.storage_offset() != alias.storage_offset()) {
@@ -493,7 +477,8 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const DeviceIndex d = call.device >= 0 ? call.device : (call.target >= 0 ? call.target : current_device());
   const DeviceIndex result_device = call.target >= 0 ? call.target : d;
-  if (call.aliases.empty() && call.target >= 0) {  // a factory on the device
+  // A factory on the device; in a launch its output was charged (and checked) at issue.
+  if (call.aliases.empty() && call.target >= 0 && charges_new_results()) {
     check_factory_fits(op, *stack, first, call.target);
   }
   std::unique_ptr<DefaultGeneratorLent> lent;
@@ -543,28 +528,11 @@ void check_dense_unpinned(c10::optional<at::Layout> layout, c10::optional<bool> 
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
 }
 
-// Note [Allocation in stream order]: an empty tensor is allocated when it is issued, but the
-// adaptive engine may still hold earlier ops back (queued, or in flight on the device
-// stream), which in eager mode would have made and freed their temporaries before it. Taken
-// first, its bytes could make those ops run out of memory where eager mode does not (a
-// `repeat` at the top of each step, 8 MiB device: an OOM every fourth step, eager none). So
-// when it and everything the held-back ops will allocate might not fit together, those ops
-// run first: the allocation then meets the memory eager mode's would, and raises the OOM
-// eager mode raises, here. With room to spare nothing waits.
-void allocate_in_stream_order(c10::DeviceIndex d, int64_t nbytes) {
-  const int64_t ahead = planned_bytes_ahead();
-  if (ahead > 0 && !fits(d, nbytes + ahead)) {
-    sync_before_host_access("memory");
-  }
-}
-
 at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
                                c10::optional<at::Layout> layout, c10::optional<at::Device> device,
                                c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format) {
   check_dense_unpinned(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));  // the allocator takes the current device
-  allocate_in_stream_order(current_device(), static_cast<int64_t>(at::detail::computeStorageNbytesContiguous(
-                                                 size, c10::elementSize(c10::dtype_or_default(dtype)))));
   return at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -574,8 +542,6 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
                          c10::optional<bool> pin_memory) {
   check_dense_unpinned(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));
-  allocate_in_stream_order(current_device(), static_cast<int64_t>(at::detail::computeStorageNbytes(
-                                                 size, stride, c10::elementSize(c10::dtype_or_default(dtype)))));
   return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(kNeuron),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
@@ -631,17 +597,6 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(empty), 0, {0}, {});
 }
 
-// Whether anything but `storage` holds its bytes: another tensor's storage object, or a queued
-// op's capture of them (Note [Queued arguments count no references]).
-bool bytes_shared(const c10::Storage& storage) {
-  if (storage.use_count() > 1) {
-    return true;
-  }
-  const c10::DataPtr& data = storage.data_ptr();
-  return data.get_deleter() == &c10::refcounted_deleter &&
-         static_cast<c10::RefcountedDeleterContext*>(data.get_context())->refcount.load() > 1;
-}
-
 // A copy that crosses the host/device boundary (or devices) is a transfer on the clock; one
 // within a device is a kernel launch, priced by the bytes it reads and writes.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -669,7 +624,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   at::Tensor src_host = src_neuron ? host_alias(self) : self;
   // One alias storage for both when they share one (Note: overlap is found by storage identity).
   at::Tensor dst_host = !dst_neuron ? dst
-                        : src_neuron && dst.storage().is_alias_of(self.storage()) ? host_alias_on(src_host.storage(), dst)
+                        : src_neuron && same_bytes(dst.storage(), self.storage()) ? host_alias_on(src_host.storage(), dst)
                                                                                  : host_alias(dst);
   dst_host.copy_(src_host, non_blocking);
   const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
@@ -835,7 +790,7 @@ at::Tensor owning_host_alias(const at::Tensor& t) {
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device) {
   TORCH_CHECK(host.device().is_cpu() && host.layout() == c10::kStrided,
               "adopt takes a dense CPU tensor, got a ", host.layout(), " tensor on ", host.device());
-  return neuron_tensor_on(adopt(host.storage(), checked_device(device)), host);
+  return neuron_tensor_on(adopt(host.storage(), checked_device(device), /*new_result=*/true), host);
 }
 
 // FSDP1 (and CUDA-style code) calls t.record_stream(s) so that a caching allocator does not

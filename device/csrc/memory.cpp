@@ -8,14 +8,28 @@
 // tensors) are charged by the Python accounting through charge/release. Either way the
 // numbers live here, once, under one lock per device, since deleters run on whichever
 // thread drops the last reference (autograd's worker threads included).
+//
+// Note [Deferred outputs are charged at issue]: an op the adaptive engine defers hands out
+// its outputs at issue, with storages whose bytes its launch makes later. Eager mode would
+// have allocated them at that very point of the program, after the earlier ops had freed
+// their temporaries and before the later ones made theirs; so that is when the device is
+// charged for them (deferred_bytes: torch.OutOfMemoryError at the op eager mode raises it
+// at), and what is charged is released when the last holder of the storage drops it, as in
+// eager mode, whether or not its launch has run. The launch's own allocations (the results
+// its kernels make, values it keeps for its later ops after their holders dropped them) are
+// not charged again (ChargeScope): the memory a launch works in is the memory eager mode
+// held at the same program points. A result's bytes take over its placeholder's charge when
+// they move into the storage handed out for it (hand_over_charge).
 #include "neuron.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/RefcountedDeleter.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -28,6 +42,7 @@ namespace {
 struct DeviceMemory {
   std::mutex lock;
   int64_t capacity = 0;
+  int64_t limit = 0;  // what this process may use: capacity * set_per_process_memory_fraction
   int64_t allocated = 0;
   int64_t peak = 0;
   int64_t num_allocs = 0;
@@ -60,16 +75,18 @@ std::string format_bytes(int64_t n) {
 
 // Raises torch.OutOfMemoryError unless nbytes more fit on m (caller holds m.lock).
 void check_fits(DeviceMemory& m, c10::DeviceIndex d, int64_t nbytes) {
-  if (m.allocated + nbytes <= m.capacity) {
+  if (m.allocated + nbytes <= m.limit) {
     return;
   }
   m.num_ooms++;
   const std::string name = "neuron:" + std::to_string(static_cast<int>(d));
+  const std::string limited = m.limit == m.capacity ? "" : "; this process may use " + format_bytes(m.limit) +
+      " of it (torch.neuron.set_per_process_memory_fraction)";
   TORCH_CHECK_WITH(OutOfMemoryError, false,
       name, " out of memory. Tried to allocate ", format_bytes(nbytes), ". ", name,
       " has a total capacity of ", format_bytes(m.capacity), ", of which ", format_bytes(m.allocated),
-      " is already allocated and ", format_bytes(m.capacity - m.allocated), " is free. Free tensors you "
-      "no longer need (drop every reference to them), use a smaller batch, or raise the capacity with "
+      " is already allocated and ", format_bytes(m.capacity - m.allocated), " is free", limited, ". Free tensors "
+      "you no longer need (drop every reference to them), use a smaller batch, or raise the capacity with "
       "NEURON_DEVICE_MEMORY.");
 }
 
@@ -81,18 +98,70 @@ void add(DeviceMemory& m, int64_t nbytes) {
 }
 
 // -- the allocator ------------------------------------------------------------------------
-// What a neuron DataPtr's deleter needs: the host block and what its device was charged.
-struct Block {
+// A neuron DataPtr's context. The bytes may be held by several storages: the user's, and a
+// queued op's or a launch's share of them (share_bytes). Each holder's Block says what its
+// device was charged for it, so the charge follows the user's holders, not the bytes: a value
+// the user dropped is released when eager mode would release it, though a queued op still
+// reads it (Note [Deferred outputs are charged at issue]). charged 0: a share, a launch's own
+// allocation, or a placeholder whose charge moved on.
+struct Bytes {
   void* data;
-  size_t nbytes;
+  c10::Storage host;  // the CPU storage whose bytes were adopted; none when `data` is ours
+  std::atomic<int64_t> holders{1};
+};
+
+struct Block {
+  Bytes* bytes;  // none: a deferred output's placeholder
   c10::DeviceIndex device;
+  size_t charged;
 };
 
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
-  c10::free_cpu(block->data);
-  release(block->device, block->nbytes);
+  Bytes* bytes = block->bytes;
+  if (bytes != nullptr && bytes->holders.fetch_sub(1) == 1) {
+    if (!bytes->host && bytes->data != nullptr) {
+      c10::free_cpu(bytes->data);
+    }
+    delete bytes;  // an adopted CPU storage goes with it
+  }
+  if (block->charged > 0) {
+    release(block->device, block->charged);
+  }
   delete block;
+}
+
+c10::DataPtr data_ptr_of(Bytes* bytes, c10::DeviceIndex d, size_t charged) {
+  void* data = bytes == nullptr ? nullptr : bytes->data;
+  return c10::DataPtr(data, new Block{bytes, d, charged}, &free_block, c10::Device(kNeuron, d));
+}
+
+Block* block_of(const c10::DataPtr& ptr) {
+  return ptr.get_deleter() == &free_block ? static_cast<Block*>(ptr.get_context()) : nullptr;
+}
+
+thread_local int t_uncharged = 0;  // > 0 inside a launch: Note [Deferred outputs are charged at issue]
+
+// Charges nbytes for a new allocation unless this thread runs a launch; returns what it charged.
+size_t charge_new(c10::DeviceIndex d, size_t nbytes) {
+  if (t_uncharged > 0 || nbytes == 0) {
+    return 0;
+  }
+  charge(d, nbytes);
+  return nbytes;
+}
+
+c10::DataPtr host_bytes(c10::DeviceIndex d, size_t nbytes, size_t charged) {
+  void* data = nullptr;
+  try {
+    data = c10::alloc_cpu(nbytes);
+  } catch (...) {
+    if (charged > 0) {
+      release(d, charged);
+    }
+    throw;
+  }
+  return data_ptr_of(new Bytes{data, {}}, d, charged);
 }
 
 struct NeuronAllocator final : public c10::DeviceAllocator {
@@ -102,15 +171,10 @@ struct NeuronAllocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return c10::DataPtr(nullptr, device);
     }
-    charge(d, nbytes);  // first: an allocation that does not fit takes no host memory
-    void* data = nullptr;
-    try {
-      data = c10::alloc_cpu(nbytes);
-    } catch (...) {
-      release(d, nbytes);
-      throw;
-    }
-    return c10::DataPtr(data, new Block{data, nbytes, d}, &free_block, device);
+    // Charged first: an allocation that does not fit takes no host memory. Always charged,
+    // in a launch too (a storage resized there gives its old, charged bytes back).
+    charge(d, nbytes);
+    return host_bytes(d, nbytes, nbytes);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }  // blocks carry a context
@@ -191,6 +255,7 @@ void install_memory(const std::vector<int64_t>& capacities) {
     TORCH_CHECK(capacity > 0, "a device capacity must be positive, got ", capacity);
     g_memory.push_back(std::make_unique<DeviceMemory>());
     g_memory.back()->capacity = capacity;
+    g_memory.back()->limit = capacity;
   }
   c10::SetAllocator(kNeuron, &g_allocator);
 }
@@ -205,7 +270,7 @@ void check_fits(c10::DeviceIndex d, int64_t nbytes) {
 bool fits(c10::DeviceIndex d, int64_t nbytes) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);
-  return m.allocated + nbytes <= m.capacity;
+  return m.allocated + nbytes <= m.limit;
 }
 
 void resize_charge(c10::DeviceIndex d, int64_t old_nbytes, int64_t new_nbytes) {
@@ -228,9 +293,77 @@ void uncharge(c10::DeviceIndex d, int64_t nbytes) {
 MemoryStats memory_stats(c10::DeviceIndex d) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);
-  return {m.capacity, m.allocated, m.peak, m.num_allocs, m.num_frees, m.num_ooms};
+  return {m.capacity, m.limit, m.allocated, m.peak, m.num_allocs, m.num_frees, m.num_ooms};
+}
+
+void set_memory_fraction(c10::DeviceIndex d, double fraction) {
+  TORCH_CHECK_VALUE(fraction >= 0 && fraction <= 1, "Invalid fraction value: ", fraction,
+                    ". Allowed range: 0~1 (a share of neuron:", static_cast<int>(d), "'s capacity)");
+  DeviceMemory& m = memory_of(d);
+  std::lock_guard<std::mutex> guard(m.lock);
+  m.limit = static_cast<int64_t>(fraction * static_cast<double>(m.capacity));
 }
 
 void reset_peak(c10::DeviceIndex d) { g_allocator.resetPeakStats(d); }
+
+// -- Note [Deferred outputs are charged at issue] ------------------------------------------
+ChargeScope::ChargeScope() { ++t_uncharged; }
+ChargeScope::~ChargeScope() { --t_uncharged; }
+bool charges_new_results() { return t_uncharged == 0; }
+
+c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes) {
+  charge(d, nbytes);  // raises torch.OutOfMemoryError where eager mode's allocation would
+  return data_ptr_of(nullptr, d, nbytes);
+}
+
+c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result) {
+  const size_t nbytes = cpu.nbytes();
+  // Raises torch.OutOfMemoryError: the CPU bytes die with the exception.
+  const size_t charged = new_result ? charge_new(d, nbytes) : (charge(d, nbytes), nbytes);
+  return data_ptr_of(new Bytes{const_cast<void*>(cpu.data()), cpu}, d, charged);
+}
+
+c10::DataPtr launch_bytes(c10::DeviceIndex d, size_t nbytes) { return host_bytes(d, nbytes, charge_new(d, nbytes)); }
+
+bool uncharged_bytes(const c10::DataPtr& ptr) {
+  const Block* block = block_of(ptr);
+  return block != nullptr && block->bytes != nullptr && block->charged == 0 && block->bytes->holders.load() == 1;
+}
+
+c10::Storage share_bytes(const c10::Storage& storage) {
+  const Block* block = block_of(storage.data_ptr());
+  if (block == nullptr || block->bytes == nullptr) {  // bytes from elsewhere: c10's sharing, charge and all
+    return c10::newStorageImplFromRefcountedDataPtr(storage);
+  }
+  block->bytes->holders.fetch_add(1);
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), data_ptr_of(block->bytes, block->device, 0),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+bool bytes_shared(const c10::Storage& storage) {
+  if (storage.use_count() > 1) {
+    return true;
+  }
+  const c10::DataPtr& data = storage.data_ptr();
+  if (const Block* block = block_of(data)) {
+    return block->bytes != nullptr && block->bytes->holders.load() > 1;
+  }
+  return data.get_deleter() == &c10::refcounted_deleter &&
+         static_cast<c10::RefcountedDeleterContext*>(data.get_context())->refcount.load() > 1;
+}
+
+bool same_bytes(const c10::Storage& a, const c10::Storage& b) {
+  return a.is_alias_of(b) || (a.data() != nullptr && a.data() == b.data());
+}
+
+void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes) {
+  Block* from = block_of(placeholder);
+  Block* to = block_of(bytes);
+  if (from == nullptr || to == nullptr || to->charged > 0) {
+    return;  // nothing to hand over, or the bytes are charged already: the placeholder gives its charge back
+  }
+  to->charged = from->charged;
+  from->charged = 0;
+}
 
 }  // namespace neuron

@@ -31,6 +31,7 @@ py::dict memory_stats(int64_t index) {
   const neuron::MemoryStats s = neuron::memory_stats(index_of(index));
   py::dict d;
   d["capacity"] = s.capacity;
+  d["limit"] = s.limit;
   d["allocated"] = s.allocated;
   d["peak"] = s.peak;
   d["num_allocs"] = s.num_allocs;
@@ -90,6 +91,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("uncharge", [](int64_t d, int64_t nbytes) { neuron::uncharge(index_of(d), nbytes); });
   m.def("memory_stats", &memory_stats);
+  m.def("set_memory_fraction", [](int64_t d, double fraction) { neuron::set_memory_fraction(index_of(d), fraction); });
   m.def("reset_peak", [](int64_t d) { neuron::reset_peak(index_of(d)); });
   // clock
   m.def("account_launch", [](int64_t d, double overhead_us, double op_us, int64_t num_ops) {

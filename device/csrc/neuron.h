@@ -56,10 +56,40 @@ void resize_charge(c10::DeviceIndex d, int64_t old_nbytes, int64_t new_nbytes);
 // Undoes a charge without counting a free (the storage is charged another way from now on).
 void uncharge(c10::DeviceIndex d, int64_t nbytes);
 struct MemoryStats {
-  int64_t capacity, allocated, peak, num_allocs, num_frees, num_ooms;
+  int64_t capacity, limit, allocated, peak, num_allocs, num_frees, num_ooms;
 };
+// torch.neuron.set_per_process_memory_fraction: allocations beyond fraction * capacity raise
+// torch.OutOfMemoryError, as the CUDA caching allocator's do.
+void set_memory_fraction(c10::DeviceIndex d, double fraction);
 MemoryStats memory_stats(c10::DeviceIndex d);
 void reset_peak(c10::DeviceIndex d);
+// Note [Deferred outputs are charged at issue] (memory.cpp). While one lives, the results this
+// thread's kernels make are not charged: they fill deferred outputs, charged at their issue.
+struct ChargeScope {
+  ChargeScope();
+  ~ChargeScope();
+  ChargeScope(const ChargeScope&) = delete;
+  ChargeScope& operator=(const ChargeScope&) = delete;
+};
+bool charges_new_results();  // false inside a ChargeScope
+// A deferred output's DataPtr: no bytes yet, nbytes charged to d from now until it dies.
+c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes);
+// A neuron DataPtr adopting a CPU storage's bytes, zero-copy. new_result: an op's new result,
+// charged unless in a ChargeScope; else (new bytes of an existing storage) always charged.
+c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result);
+// New bytes for a deferred output whose result came in another layout (charged as new_result).
+c10::DataPtr launch_bytes(c10::DeviceIndex d, size_t nbytes);
+// Whether ptr is the device's own, with no charge of its own (so it can take a placeholder's).
+bool uncharged_bytes(const c10::DataPtr& ptr);
+// bytes, uncharged, take placeholder's charge (then the placeholder's death releases nothing).
+void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes);
+// A new storage holding storage's bytes, charged nothing: what a queued op or a launch keeps
+// of a value (Note [Queued arguments count no references]). Its holder's charge stays theirs.
+c10::Storage share_bytes(const c10::Storage& storage);
+// Whether anything but `storage` holds its bytes: another tensor's storage object, or a share.
+bool bytes_shared(const c10::Storage& storage);
+// Whether two storages hold the same bytes (one of them a share of the other's, say).
+bool same_bytes(const c10::Storage& a, const c10::Storage& b);
 
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();
@@ -178,7 +208,6 @@ struct DeferPlan {  // how to hand out a deferred op's results
   c10::DeviceIndex device;
   std::vector<OutputSpec> outputs;  // the new (or undefined) outputs, in return order (lists flattened)
   std::vector<int64_t> list_lengths;  // per Tensor[] return
-  int64_t planned_bytes = 0;  // the new outputs' bytes, together (Note [Allocation in stream order])
 };
 // The route decides for each op of a native tensor: true if it handled the op (ran it, or
 // queued it with enqueue), false to have the eager path run it. Empty: every op is eager.
@@ -209,9 +238,6 @@ void check_computed(const c10::Storage& storage);
 [[noreturn]] void raise_failure();
 void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan);
 int64_t queue_size();
-// The bytes of the new outputs that the queued ops and the launch in flight will allocate
-// when they run (an upper bound of what they hold at once).
-int64_t planned_bytes_ahead();
 // The queued ops of one device: issued, not yet run (stats() counts them as ops issued).
 int64_t queued_ops(c10::DeviceIndex device);
 // Runs the queue as one launch; returns how many ops ran. On an op's error, raises it after

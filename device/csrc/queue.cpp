@@ -12,9 +12,10 @@
 //   - The launch runs the queue in order, each op through the eager path (the same CPU
 //     kernels, so the same bits), and moves each new result's bytes into the storage handed
 //     out for it: zero-copy when the geometry agrees, a copy otherwise. Memory is charged
-//     when the result is made, in stream order, and freed when the last holder of the
-//     storage (the user's tensors or a later queued op) lets go: peak memory stays eager's.
-//     An output nobody holds any more is dropped as soon as its op has run.
+//     when the output is handed out, at issue, and released when the last holder of its
+//     storage lets go, as in eager mode (Note [Deferred outputs are charged at issue] in
+//     memory.cpp): peak memory and out-of-memory errors are eager's. An output nobody holds
+//     any more is dropped as soon as its op has run.
 //   - A host read (a copy to the host, `item()`, a Python kernel's host alias, resize_,
 //     set_) first runs the host sync, which launches the queue. A value whose launch failed
 //     never gets bytes: reading it raises the launch's error (check_computed).
@@ -74,8 +75,9 @@ struct Entry {
 // 1), so a queue holding references would change the very op stream it defers (add_ in
 // eager mode, add once deferred) and traces would never match. So the queue holds none a
 // caller can see: an argument whose bytes exist is captured on a new storage sharing those
-// bytes through c10's refcounted DataPtr (as MultiPy shares storages between interpreters;
-// is_alias_of still sees them as one, which CPU kernels' overlap checks need); a deferred
+// bytes (share_bytes, memory.cpp: charged nothing, so a value the caller drops is released
+// from the device's books then, as in eager mode; same_bytes still sees the two as one, which
+// CPU kernels' overlap checks need, through the eager path's host aliases); a deferred
 // output of an earlier queued op is held weakly, and its bytes, once its op has run, are
 // kept by the launch for as long as queued readers remain (Launch::readers, ::produced), on
 // a storage sharing them the same way.
@@ -84,7 +86,6 @@ struct Launch {
   std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
   std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
   int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
-  int64_t planned_bytes = 0;  // the new outputs' bytes its plans promise (Note [Allocation in stream order])
 };
 
 Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) and the GIL
@@ -114,10 +115,8 @@ struct Worker {
   // The storages the launch in flight makes: the host's own copy, fixed at submit (the
   // thread never reads it), so the host waits only to capture one of them (reads_unmade_bytes).
   std::unordered_set<const c10::StorageImpl*> making;
-  std::atomic<int64_t> planned_bytes{0};  // of the launch in flight, until it has run
 
   void submit(std::unique_ptr<Launch> launch) {
-    planned_bytes.store(launch->planned_bytes);
     making.clear();
     for (const Entry& e : launch->entries) {
       for (const auto& out : e.outputs) {
@@ -155,7 +154,6 @@ struct Worker {
         result.error = std::current_exception();
       }
       launch.reset();  // its inputs and kept values go now, on this thread
-      planned_bytes.store(0);
       std::unique_lock<std::mutex> guard(lock);
       outcome = std::move(result);
       finished = true;
@@ -224,7 +222,7 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
                                            t.key_set()});
         return at::Tensor();
       }
-      return on_storage(c10::newStorageImplFromRefcountedDataPtr(storage), t.key_set(), t.dtype(), t.sizes(),
+      return on_storage(share_bytes(storage), t.key_set(), t.dtype(), t.sizes(),
                         t.strides(), t.storage_offset());
     }
     if (written) {
@@ -289,9 +287,10 @@ void release_pending(Launch& launch, const Entry& entry) {
 }
 
 at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
-  // No bytes yet (Note [Deferred launches]); resizable through the neuron allocator, as any
+  // No bytes yet (Note [Deferred launches]), but charged from now on (Note [Deferred outputs
+  // are charged at issue] in memory.cpp); resizable through the neuron allocator, as any
   // neuron storage is.
-  c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes, c10::DataPtr(nullptr, c10::Device(kNeuron, d)),
+  c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes, deferred_bytes(d, static_cast<size_t>(s.nbytes)),
                        c10::GetAllocator(kNeuron), /*resizable=*/true);
   entry.outputs.push_back(c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -310,16 +309,20 @@ void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& 
               ". Set NEURON_ADAPTIVE_EAGER=0 to avoid it, and please report it.");
   c10::StorageImpl* source = result.storage().unsafeGetStorageImpl();
   const bool same_geometry = result.strides() == c10::IntArrayRef(spec.strides) && result.storage_offset() == spec.offset;
-  if (same_geometry && result.storage().use_count() == 1) {  // the result's bytes are its own: move them
+  // The result's bytes are its own, and uncharged (the launch made them): move them, with the
+  // charge the output took at issue (Note [Deferred outputs are charged at issue]).
+  if (same_geometry && result.storage().use_count() == 1 && uncharged_bytes(source->data_ptr())) {
     // With their size: a kernel may allocate more than the view needs (the recorded run's
-    // storage may differ), and device memory must count what eager mode would.
+    // storage may differ).
+    hand_over_charge(target->data_ptr(), source->data_ptr());
     target->set_nbytes(source->nbytes());
     target->set_data_ptr_noswap(source->set_data_ptr(c10::DataPtr(nullptr, source->device())));
     return;
   }
   // Another layout, or bytes shared with something else: new bytes, and a copy into them.
-  const c10::DeviceGuard guard(result.device());  // the allocator takes the current device
-  target->set_data_ptr_noswap(c10::GetAllocator(kNeuron)->allocate(spec.nbytes));
+  c10::DataPtr bytes = launch_bytes(result.device().index(), static_cast<size_t>(spec.nbytes));
+  hand_over_charge(target->data_ptr(), bytes);
+  target->set_data_ptr_noswap(std::move(bytes));
   at::Tensor into = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(target), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), result.dtype());
   into.unsafeGetTensorImpl()->set_sizes_and_strides(spec.sizes, spec.strides, spec.offset);
@@ -349,7 +352,7 @@ void run_entry(Launch& launch, Entry& entry) {
     if (auto target = entry.outputs[k].lock()) {
       fill(target, v.toTensor(), spec, entry.op);
       if (read_later) {  // the bytes, not the storage: its holders' use counts stay theirs
-        launch.produced[key] = c10::newStorageImplFromRefcountedDataPtr(c10::Storage(std::move(target)));
+        launch.produced[key] = share_bytes(c10::Storage(std::move(target)));
       }
     } else if (read_later) {  // nobody holds it but queued readers: the launch keeps its bytes
       launch.produced[key] = v.toTensor().storage();
@@ -379,6 +382,7 @@ int64_t run_launch(Launch& launch, int64_t* failed) {
   }
   const c10::DeviceIndex device = launch.entries.front().plan->device;
   FusedLaunch fused(device);  // one launch for them all, on the device's clock
+  const ChargeScope charged_at_issue;  // Note [Deferred outputs are charged at issue] (memory.cpp)
   fused.issued_ops = launch.issued_ops;
   for (size_t k = 0; k < launch.entries.size(); ++k) {
     try {
@@ -470,11 +474,6 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   const auto& arguments = schema.arguments();
   const size_t first = stack->size() - arguments.size();
   Entry entry{op, {}, {}, plan, {}};
-  entry.args.reserve(arguments.size());
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const auto* alias_info = arguments[i].alias_info();
-    entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), entry, i, -1));
-  }
   std::vector<IValue> returned;
   size_t next = 0;
   size_t next_list = 0;
@@ -506,18 +505,22 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
     }
   }
   TORCH_CHECK(next == plan->outputs.size(), "adaptive engine bug: unused output specs for ", schema.operator_name());
+  // Captured once the outputs are made: making them may raise torch.OutOfMemoryError (they
+  // are charged at issue), and then nothing of the op may be left in the queue's books.
+  entry.args.reserve(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias_info = arguments[i].alias_info();
+    entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), entry, i, -1));
+  }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (auto& v : returned) {
     stack->push_back(std::move(v));
   }
-  g_queue.planned_bytes += plan->planned_bytes;
   g_queue.entries.push_back(std::move(entry));
   update_held();
 }
 
 int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
-
-int64_t planned_bytes_ahead() { return g_queue.planned_bytes + g_worker->planned_bytes.load(); }
 
 int64_t queued_ops(c10::DeviceIndex device) {
   int64_t n = 0;

@@ -24,6 +24,7 @@ namespace {
 using c10::IValue;
 
 py::object* g_run_eager = nullptr;  // leaked: must outlive interpreter shutdown
+py::object* g_issue_failed = nullptr;  // the engine's: an op it deferred could not be queued
 
 // Note [One issuer at a time]: the engine decides under its own lock, but queues the op here,
 // after that lock is let go, and waiting for the device stream lets go of the GIL as well.
@@ -162,7 +163,19 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
       py::gil_scoped_release released;
       neuron::wait_for_stream();
     }
-    neuron::enqueue(op, stack, out.cast<std::shared_ptr<neuron::DeferPlan>>());
+    try {
+      neuron::enqueue(op, stack, out.cast<std::shared_ptr<neuron::DeferPlan>>());
+    } catch (...) {
+      // The engine counted the op as queued: tell it the op raised instead (out of memory).
+      try {
+        if (g_issue_failed != nullptr && !g_issue_failed->is_none()) {
+          (*g_issue_failed)();
+        }
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable(__func__);  // the op's own error is the one to raise
+      }
+      throw;
+    }
     if (after) {
       after();
     }
@@ -252,11 +265,12 @@ py::object producer_of(const at::Tensor& t) {
 }
 
 // Python callables held by C++ for the process's life, in leaked objects (see module.cpp).
-void set_engine(py::object engine) {
+void set_engine(py::object engine, py::object issue_failed) {
   if (engine.is_none()) {
     neuron::set_route(nullptr);
     return;
   }
+  g_issue_failed = new py::object(std::move(issue_failed));  // leaked, as the engine is
   auto* held = new py::object(std::move(engine));
   neuron::set_route([held](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return call_engine(*held, op, stack);
@@ -288,7 +302,6 @@ std::shared_ptr<neuron::DeferPlan> make_plan(int64_t device, const std::vector<s
     const auto& [sizes, strides, offset, dtype, nbytes] = *output;
     TORCH_CHECK(sizes.size() == strides.size(), "an output spec needs one stride per size");
     plan->outputs.push_back(neuron::OutputSpec{sizes, strides, offset, dtype, nbytes});
-    plan->planned_bytes += nbytes;
   }
   plan->list_lengths = std::move(list_lengths);
   return plan;
@@ -303,7 +316,9 @@ void bind_route(py::module_& m) {
       .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
            "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order; "
            "None for an undefined one");
-  m.def("set_engine", &set_engine, "engine(op, args, kwargs) gets every op of native tensors; None: none does");
+  m.def("set_engine", &set_engine, py::arg("engine"), py::arg("issue_failed") = py::none(),
+        "engine(op, args, kwargs) gets every op of native tensors; None: none does. issue_failed() is "
+        "called when an op the engine deferred raised instead of being queued");
   // A storage's identity and size without making its Python object (which would hold a
   // reference to it: Note [Queued arguments count no references]).
   m.def("storage_of", [](const at::Tensor& t) {
