@@ -55,6 +55,14 @@ class DeviceMemory:
     def reset_peak(self) -> None:
         native.reset_peak(self.index)
 
+    @property
+    def limit(self) -> int:
+        """What this process may allocate: capacity times the per-process memory fraction."""
+        return self._stat("limit")
+
+    def set_fraction(self, fraction: float) -> None:
+        native.set_memory_fraction(self.index, float(fraction))
+
     def stats(self) -> dict[str, int]:
         s = native.memory_stats(self.index)
         return {

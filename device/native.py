@@ -27,6 +27,7 @@ resize_charge = _C.resize_charge
 uncharge = _C.uncharge
 memory_stats = _C.memory_stats
 reset_peak = _C.reset_peak
+set_memory_fraction = _C.set_memory_fraction
 # clock
 account_launch = _C.account_launch
 transfer = _C.transfer

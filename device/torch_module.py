@@ -1,8 +1,7 @@
 """The `torch.neuron` module, modelled on `torch.cuda` and TorchNeuron's module.
 
 Registered by `dispatch` as the PrivateUse1 device module. It speaks only to the runtime.
-Deliberately absent: `torch.neuron.device` (with it, `torch.load(map_location='neuron')`
-reaches `torch.UntypedStorage(n, device='neuron')`, which has no allocator and segfaults).
+What of torch.cuda's public names it has, and why it lacks the rest: tests/test_cuda_parity.py.
 """
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import types
 import torch
 
 from .memory import format_bytes
+from .profiles import PROFILES
 from .runtime import Runtime
 
 
@@ -148,6 +148,30 @@ def build_module(runtime: Runtime) -> types.ModuleType:
     def stream(stream) -> StreamContext:
         return StreamContext(stream)
 
+    class device_of(device):  # noqa: N801 (torch.cuda.device_of's name)
+        """Context manager that makes the device of `obj` (a tensor or storage) current, as
+        torch.cuda.device_of; a no-op for an object that is not on neuron."""
+
+        def __init__(self, obj):
+            super().__init__(obj.get_device() if obj.device.type == "neuron" else -1)
+
+    def init() -> None:
+        """The device is ready once registered (is_initialized() is True): nothing to do."""
+
+    def is_current_stream_capturing() -> bool:
+        """No graph capture exists on neuron (the adaptive engine captures repeating op
+        sequences by itself), so never."""
+        return False
+
+    def can_device_access_peer(device, peer_device) -> bool:
+        """Whether device can read peer_device's memory directly: every pair of distinct
+        neuron devices can (one host memory; NeuronLink between a chip's cores), none with itself."""
+        return _device_index(runtime, device) != _device_index(runtime, peer_device)
+
+    def get_arch_list() -> list[str]:
+        """The device profiles this emulator models (NEURON_PROFILE picks one)."""
+        return sorted(PROFILES)
+
     def synchronize(device=None) -> None:
         """Wait for all work queued on the device. Every device is drained: with one
         in-order host thread feeding all devices, that is never wrong and never slower."""
@@ -226,6 +250,48 @@ def build_module(runtime: Runtime) -> types.ModuleType:
     def empty_cache() -> None:
         """Nothing to release: the emulated allocator keeps no cache."""
 
+    def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+        """Cap what this process may allocate on the device at fraction * its capacity: an
+        allocation beyond it raises torch.OutOfMemoryError, as on CUDA."""
+        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+            raise TypeError(f"Invalid type for fraction argument, must be `float`, not {type(fraction).__name__}")
+        _memory(runtime, device).set_fraction(fraction)
+
+    def get_per_process_memory_fraction(device=None) -> float:
+        mem = _memory(runtime, device)
+        return mem.limit / mem.capacity
+
+    def reset_max_memory_allocated(device=None) -> None:
+        reset_peak_memory_stats(device)
+
+    def reset_accumulated_memory_stats(device=None) -> None:
+        torch.accelerator.reset_accumulated_memory_stats(_device_index(runtime, device))
+
+    def memory_stats_as_nested_dict(device=None) -> dict:
+        """memory_stats() with its dotted keys as nested dicts, as torch.cuda's."""
+        nested: dict = {}
+        for key, value in memory_stats(device).items():
+            *path, last = key.split(".")
+            node = nested
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return nested
+
+    # torch.cuda's deprecated names for the reserved figures (no cache: reserved == allocated).
+    def memory_cached(device=None) -> int:
+        return memory_reserved(device)
+
+    def max_memory_cached(device=None) -> int:
+        return max_memory_reserved(device)
+
+    def reset_max_memory_cached(device=None) -> None:
+        reset_peak_memory_stats(device)
+
+    def device_memory_used(device=None) -> int:
+        """Device memory in use, as the device's own tools would report it: what is allocated."""
+        return memory_allocated(device)
+
     # -- properties --------------------------------------------------------------------
     def get_device_properties(device=None) -> NeuronDeviceProperties:
         index = _device_index(runtime, device)
@@ -258,6 +324,8 @@ def build_module(runtime: Runtime) -> types.ModuleType:
             fn.__module__ = "torch.neuron"
             setattr(m, fn.__name__, fn)
     m.NeuronDeviceProperties = NeuronDeviceProperties
+    m.OutOfMemoryError = torch.OutOfMemoryError  # what the allocator raises, as torch.cuda's
+    m.AcceleratorError = torch.AcceleratorError
     # torch.cuda's flag, read by torch.utils.checkpoint: it saves and restores the device's RNG
     # state around a recomputed forward only when the device module says it is initialized
     # (else dropout draws a new mask in backward). The device is ready once registered.
