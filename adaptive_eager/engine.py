@@ -42,7 +42,7 @@ from device import native, stream
 from device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
                               sync_range)
 from dispatch import Executor, classify
-from dispatch.record import OpRecord, user_source_line
+from dispatch.record import OpRecord, signature_difference, user_source_line
 
 from .compile import compile_matcher
 from .config import EngineConfig
@@ -429,9 +429,10 @@ class AdaptiveExecutor(Executor):
         self.counters.divergences += 1
         p.trace.divergences += 1
         where = user_source_line() or "(autograd engine)"
-        self.recent_divergences.append(
-            f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: expected {expected.name}, "
-            f"got {OpRecord.name.fget(rec)} at {where}")
+        differs = signature_difference(expected.signature, rec.signature)
+        if expected.signature[0] is rec.signature[0]:  # the same op: say which argument differed
+            differs = f"{expected.name} with {differs}" if differs else f"{expected.name} (its dataflow differed)"
+        self.recent_divergences.append(f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: {differs} at {where}")
         self._flush("divergence")
         self.pending = None
         self._resume_detection()

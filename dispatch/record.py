@@ -244,6 +244,38 @@ def _fmt_key(key, value) -> str:
     return f"<{key.__name__ if isinstance(key, type) else key}>"
 
 
+def _fmt_any_key(key) -> str:
+    """Any argument's key as text: a tensor's metadata, a list's keys, a value as Python shows it."""
+    if isinstance(key, tuple) and len(key) == 5 and isinstance(key[0], torch.Size):
+        return _fmt_key(key, None)
+    if isinstance(key, tuple) and len(key) == 2 and (key[0] is CPU_SCALAR or key[0] is bool):
+        return _fmt_key(key, None) if key[0] is CPU_SCALAR else repr(key[1])
+    if isinstance(key, tuple):
+        return "[" + ", ".join(_fmt_any_key(k) for k in key) + "]"
+    if isinstance(key, type):
+        return _fmt_key(key, None)
+    return repr(key)
+
+
+def signature_difference(expected: tuple, got: tuple) -> str:
+    """What tells two signatures apart, as text: 'argument 1: expected f32[8, 64] neuron:0, got
+    f32[9, 64] neuron:0'; the ops, when they differ; '' when they are equal."""
+    if expected[0] != got[0]:
+        return f"expected {_op_name(expected[0])}, got {_op_name(got[0])}"
+    args_e, args_g = expected[1], got[1]
+    for i, (a, b) in enumerate(zip(args_e, args_g)):
+        if a != b:
+            return f"argument {i}: expected {_fmt_any_key(a)}, got {_fmt_any_key(b)}"
+    if len(args_e) != len(args_g):
+        return f"expected {len(args_e)} arguments, got {len(args_g)}"
+    kw_e, kw_g = dict(expected[2]), dict(got[2])
+    for name in sorted(kw_e.keys() | kw_g.keys()):
+        if kw_e.get(name) != kw_g.get(name):
+            shown = [_fmt_any_key(kw[name]) if name in kw else "(not given)" for kw in (kw_e, kw_g)]
+            return f"expected {name}={shown[0]}, got {name}={shown[1]}"
+    return ""
+
+
 def _fmt(template, key, values) -> str:
     cls = type(template)
     if cls is Slot:

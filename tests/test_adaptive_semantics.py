@@ -146,6 +146,34 @@ def test_explain_names_where_a_trace_starts_and_where_a_divergence_happened():
     assert "expected aten.add.Tensor, got aten.sub.Tensor" in report.recent_divergences[-1]
 
 
+def test_explain_names_the_argument_that_differed_when_the_op_is_the_same():
+    # It said "expected aten.sum.dim_IntList, got aten.sum.dim_IntList": the op, never what differed.
+    x = torch.ones(4, 4).to("neuron")
+    for i in range(STEPS + 1):
+        y = x * 2
+        y = y.sum(0 if i < STEPS else 1)
+        y = y.sigmoid()
+        y = y.exp()
+    torch.neuron.synchronize()
+    last = adaptive_eager.explain().recent_divergences[-1]
+    assert "aten.sum.dim_IntList with argument 1: expected [0], got [1] at " in last, last
+
+
+def test_signature_difference_names_the_first_argument_or_keyword_that_differs():
+    from dispatch.record import OpRecord, signature_difference
+    a = torch.ones(2, 3).to("neuron")
+
+    def sig(*args, **kwargs):
+        return OpRecord.from_call(torch.ops.aten.sum.dim_IntList, args, kwargs).signature
+    assert signature_difference(sig(a, [0]), sig(a, [0])) == ""
+    assert signature_difference(sig(a, [0]), sig(a, [1])) == "argument 1: expected [0], got [1]"
+    assert signature_difference(sig(a, [0]), sig(a, [0], True)) == "expected 2 arguments, got 3"
+    assert signature_difference(sig(a, [0]), sig(a, [0], dtype=torch.float64)) == \
+        "expected dtype=(not given), got dtype=torch.float64"
+    assert signature_difference(sig(a, [0]), sig(a.t(), [0])) == \
+        "argument 0: expected f32[2, 3] neuron:0, got f32[3, 2]{stride=(1, 3)} neuron:0"
+
+
 def test_a_repeating_phase_after_shapes_that_never_repeat_is_fused():
     w = torch.ones(4).to("neuron")
 
