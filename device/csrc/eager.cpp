@@ -611,9 +611,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (route_op(op, &stack)) {
       return dst;
     }
-  } else if (src_neuron || bytes_shared(dst.storage()) || dst.storage().data() == nullptr) {
+  } else if (src_neuron || bytes_shared(dst.storage()) || (dst.storage().data() == nullptr && dst.storage().nbytes() > 0)) {
     // A transfer reads or writes device memory now: what is queued runs first. A copy into
-    // bytes only dst holds (`.to('neuron')` right after its allocation) waits for nothing.
+    // bytes only dst holds (`.to('neuron')` right after its allocation), or into no bytes at
+    // all (`torch.tensor([], device='neuron')`, as HF's DynamicCache makes per layer and
+    // step), waits for nothing, and is no sync point.
     sync_before_host_access();
   }
   const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
