@@ -223,6 +223,42 @@ IValue map_list(const IValue& v, Fn fn) {
   return out;
 }
 
+// The position of each key added, first one kept: searched linearly while short (an op has a
+// handful of arguments, and this runs per op), hashed once long (a foreach op over every
+// parameter of a deep model has thousands: the linear searches made it quadratic, 0.27 s an op
+// at 5,000 tensors).
+template <typename Key>
+struct Index {
+  static constexpr size_t npos = static_cast<size_t>(-1);
+  static constexpr size_t kLinear = 16;
+  std::vector<Key> keys;
+  std::unordered_map<Key, size_t> hashed;  // built when keys outgrows kLinear
+
+  void add(Key key) {
+    keys.push_back(key);
+    if (keys.size() == kLinear + 1) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        hashed.emplace(keys[i], i);  // emplace keeps the first position, as the linear search finds
+      }
+    } else if (keys.size() > kLinear + 1) {
+      hashed.emplace(key, keys.size() - 1);
+    }
+  }
+
+  size_t find(Key key) const {
+    if (keys.size() <= kLinear) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (keys[i] == key) {
+          return i;
+        }
+      }
+      return npos;
+    }
+    auto it = hashed.find(key);
+    return it == hashed.end() ? npos : it->second;
+  }
+};
+
 // One op's arguments on the host, and what maps results back.
 struct HostCall {
   DeviceIndex device = -1;
@@ -230,22 +266,31 @@ struct HostCall {
   bool cpu_indices_ok = false;
   double in_bytes = 0;
   c10::optional<at::ScalarType> dtype;
-  // Vectors searched linearly, not maps: an op has a handful of arguments, and this runs per op.
   // (host storage, neuron storage): each alias storage and the neuron storage it aliases, and
-  // each new result's CPU storage and the neuron storage that adopted it
+  // each new result's CPU storage and the neuron storage that adopted it; found by the neuron
+  // storage's bytes (same_bytes) or by the host storage
   std::vector<std::pair<c10::Storage, c10::Storage>> storages;
+  Index<const void*> by_bytes;
+  Index<const c10::StorageImpl*> by_host;
   // alias TensorImpl -> the neuron argument it stands for (kept alive for the call)
   std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> originals;
+  Index<const c10::TensorImpl*> by_alias;
   std::vector<at::Tensor> aliases;  // the host aliases, in argument order
 
-  template <typename Key, typename Value>
-  static Value* find(std::vector<std::pair<Key, Value>>& pairs, Key key) {
-    for (auto& [k, v] : pairs) {
-      if (k == key) {
-        return &v;
-      }
-    }
-    return nullptr;
+  // What same_bytes compares: two storages with one key hold the same bytes.
+  static const void* bytes_key(const c10::Storage& s) {
+    return s.data() != nullptr ? s.data() : static_cast<const void*>(s.unsafeGetStorageImpl());
+  }
+
+  void add_storages(c10::Storage host, c10::Storage base) {
+    by_bytes.add(bytes_key(base));
+    by_host.add(host.unsafeGetStorageImpl());
+    storages.emplace_back(std::move(host), std::move(base));
+  }
+
+  at::Tensor* original_of(const at::Tensor& alias) {
+    const size_t i = by_alias.find(alias.unsafeGetTensorImpl());
+    return i == Index<const c10::TensorImpl*>::npos ? nullptr : &originals[i].second;
   }
 
   [[noreturn]] void mismatch(const std::string& a, const std::string& b, const c10::OperatorName& op) {
@@ -274,16 +319,14 @@ struct HostCall {
     }
     in_bytes += static_cast<double>(t.numel()) * t.element_size();
     at::Tensor alias;
-    for (const auto& [host, base] : storages) {
-      if (same_bytes(base, t.storage())) {  // an earlier argument's bytes: the same alias
-        alias = host_alias_on(host, t);
-        break;
-      }
-    }
-    if (!alias.defined()) {
+    const size_t same = by_bytes.find(bytes_key(t.storage()));
+    if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias
+      alias = host_alias_on(storages[same].first, t);
+    } else {
       alias = host_alias(t);
-      storages.emplace_back(alias.storage(), t.storage());
+      add_storages(alias.storage(), t.storage());
     }
+    by_alias.add(alias.unsafeGetTensorImpl());
     originals.emplace_back(alias.unsafeGetTensorImpl(), t);
     aliases.push_back(alias);
     return alias;
@@ -317,17 +360,16 @@ struct HostCall {
           layout_name(r.layout()), " tensor. Keep sparse tensors on the CPU (x.cpu().to_sparse()), or use a dense equivalent "
           "(to_dense(), torch.mm on dense tensors) on neuron.");
     }
-    if (at::Tensor* same = find(originals, static_cast<const c10::TensorImpl*>(r.unsafeGetTensorImpl()))) {
+    if (at::Tensor* same = original_of(r)) {
       return *same;  // written in place (its geometry is synced by sync_written)
     }
-    for (const auto& [host, base] : storages) {
-      if (host.unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl()) {
-        return neuron_tensor_on(base, r);  // a view of an argument, or of an earlier new result
-      }
+    const size_t view = by_host.find(r.storage().unsafeGetStorageImpl());
+    if (view != Index<const c10::StorageImpl*>::npos) {
+      return neuron_tensor_on(storages[view].second, r);  // a view of an argument, or of an earlier new result
     }
     c10::Storage adopted = adopt(r.storage(), d, /*new_result=*/true);
     // Other results on the same new bytes (several views of one buffer) share the storage.
-    storages.emplace_back(r.storage(), adopted);
+    add_storages(r.storage(), adopted);
     return neuron_tensor_on(adopted, r);
   }
 
@@ -348,7 +390,7 @@ struct HostCall {
   // A written argument whose alias the kernel resized (or reallocated): the neuron tensor
   // takes the alias's geometry, and its new bytes.
   void sync_written(const at::Tensor& alias) {
-    at::Tensor* found = find(originals, static_cast<const c10::TensorImpl*>(alias.unsafeGetTensorImpl()));
+    at::Tensor* found = original_of(alias);
     if (found == nullptr) {
       return;
     }
