@@ -7,14 +7,24 @@ import os
 from device.config import int_env
 
 
+_PERIODS_PER_TRACE = 2
+
+
 @dataclasses.dataclass
 class EngineConfig:
     cache_size: int = 256  # traces kept (LRU); the most a studied loop needed was 137
     repeats: int = 2  # consecutive sightings of a sequence before it is trusted
     min_trace_len: int = 4  # shortest trace between two ops that are not sync points
     min_trace_len_between_syncs: int = 2  # shortest trace bounded by sync points
-    max_trace_len: int = 4096  # longest repeating unit looked for
+    # Longest trace, in ops (one launch). A repeating unit up to _PERIODS_PER_TRACE times longer
+    # (a very deep model's step) is found too, and split into that many consecutive traces.
+    max_trace_len: int = 16384
     launch_blocking: bool = False  # NEURON_LAUNCH_BLOCKING=1: every op synchronous
+
+    @property
+    def max_period(self) -> int:
+        """The longest repeating unit the detector looks for, in ops."""
+        return _PERIODS_PER_TRACE * self.max_trace_len
 
     @staticmethod
     def from_env(env=None) -> "EngineConfig":

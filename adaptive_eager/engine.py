@@ -129,9 +129,10 @@ class AdaptiveExecutor(Executor):
             self.drain()
         cfg = self.config
         self.cache = _TraceCache(cfg.cache_size)
-        self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_trace_len, cfg.repeats,
+        self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
                                        unit_min=cfg.min_trace_len)
-        self.history: collections.deque = collections.deque(maxlen=2 * cfg.repeats * cfg.max_trace_len)
+        # Two periods of the longest unit: what _adopt reads when a period fires.
+        self.history: collections.deque = collections.deque(maxlen=2 * cfg.max_period)
         self.key_ids: dict[tuple, int] = {}
         self.protos: dict[tuple, object] = {}
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
@@ -146,11 +147,16 @@ class AdaptiveExecutor(Executor):
         self._warned = False
         # (trace, stream position): a just-adopted trace takes over when the stream gets there
         self._enter_at: tuple[Trace, int] | None = None
-        # Detection pauses after this many ops in a row ran inside completed traces: by then
-        # a unit longer than every cached trace would have repeated twice and fired. The
-        # steady-state cost per op is then matching alone.
+        # Note [When detection pauses]: after this many ops in a row ran inside completed
+        # traces, detection pauses: the steady-state cost per op is then matching alone. A
+        # unit longer than every cached trace may not have repeated twice by then: a 64-layer
+        # model's per-layer backward traces alone filled the first 1,024 ops, its head then
+        # diverged, and its 1,882-op step ran as 154 launches for ever. So each time a pause
+        # ends at a divergence, the next one waits twice as long (_resume_detection), up to
+        # the ops that two repetitions of the longest unit take.
         self._steady = 0
         self._pause_after = _MIN_PAUSE_AFTER
+        self._max_pause_after = max(_MIN_PAUSE_AFTER, cfg.repeats * cfg.max_period)
         # Novelty backoff (see _count_novelty): ops left to run without recording.
         self._backoff = 0
         self._backoff_len = _NOVELTY_WINDOW
@@ -378,9 +384,9 @@ class AdaptiveExecutor(Executor):
         proto = trace.protos[k]
         if proto.info.op is not func:
             return _NO_MATCH
-        match = trace.matchers[k]
+        match = proto.matcher
         if match is None:
-            match = trace.matchers[k] = compile_matcher(proto)
+            match = proto.matcher = compile_matcher(proto)
         if match(args, kwargs, p) is None:
             return _NO_MATCH
         return self._defer(p, proto)
@@ -442,6 +448,10 @@ class AdaptiveExecutor(Executor):
         if self._steady >= self._pause_after:
             self.history.clear()
             self.detector.forget()
+            # Note [When detection pauses]: it paused too soon if this recurs every step (a
+            # deep model's identical layers matched back to back, then its head diverging):
+            # wait twice as long before the next pause, up to what the longest unit needs.
+            self._pause_after = min(2 * self._pause_after, self._max_pause_after)
         self._steady = 0
 
     # -- launching ----------------------------------------------------------------------------
@@ -621,14 +631,26 @@ class AdaptiveExecutor(Executor):
                 continue
             if _repeats_shorter_unit(seg, minimum):
                 continue  # k copies of a shorter unit: that unit's trace covers it
-            trace = build_trace(seg)
-            if trace.key in self.cache:
+            traces = self._cache_unit(seg)
+            if traces is None:
                 continue
-            self.cache.add(trace)
-            self._pause_after = max(self._pause_after, 4 * len(trace))
+            self._pause_after = max(self._pause_after, 4 * len(seg))
             if not barriers:
                 # The stream is periodic: the trace's first op comes `cut` ops from now.
-                self._enter_at = (trace, self.position + cut)
+                self._enter_at = (traces[0], self.position + cut)
+
+    def _cache_unit(self, seg) -> list[Trace] | None:
+        """seg as cached traces: one, or, when it is longer than the longest trace, the fewest
+        consecutive ones, of equal length. None if all are cached already."""
+        n = -(-len(seg) // self.config.max_trace_len)
+        size = -(-len(seg) // n)
+        traces = [build_trace(seg[i:i + size]) for i in range(0, len(seg), size)]
+        if all(t.key in self.cache for t in traces):
+            return None
+        for t in traces:
+            if t.key not in self.cache:
+                self.cache.add(t)
+        return [self.cache.get(t.key, t) for t in traces]
 
     # -- failures of the engine itself ------------------------------------------------------------
     def _warn(self, exc: Exception) -> None:

@@ -33,6 +33,10 @@ class OpProto:
     barrier: bool  # cannot be deferred: runs eagerly and cuts traces (Note [Sync points])
     name: str = ""
     plan: object = None  # native.DeferPlan: the outputs' geometry, to queue it (None: a barrier)
+    # Its matcher (compile.py), generated the first time a trace position holding it is
+    # matched, and shared by every such position: a matcher checks the signature alone, and
+    # protos are interned by signature. (One per position cost ~10 KB per cached op.)
+    matcher: object = None
 
     def __post_init__(self):
         self.name = self.info.name
@@ -91,8 +95,12 @@ def build_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
     returns = () if not schema_returns else result if len(schema_returns) > 1 else (result,)
     specs, plan_outputs, list_lengths = [], [], []
 
+    first_index: dict[int, int] = {}  # id(value) -> its first slot: a lookup per output, not a scan
+    for i, v in enumerate(rec.values):
+        first_index.setdefault(id(v), i)
+
     def alias_of(t) -> tuple | None:
-        index = next((i for i, v in enumerate(rec.values) if v is t), None)
+        index = first_index.get(id(t))  # rec.values holds t alive, so its id is its own
         return None if index is None else ("alias", index)
 
     def new_output(o) -> tuple | None:
@@ -161,10 +169,6 @@ class Trace:
         self.device = protos[0].device
         self.hits = 0  # completed matches
         self.divergences = 0
-        # Each position's matcher (compile.py), generated the first time the position is
-        # matched: a trace adopted but never entered (a run of the same program twice looks
-        # like one long period) costs nothing to generate.
-        self.matchers: list = [None] * len(protos)
         # Whether its launches may run on the device stream (engine._may_use_stream), once known.
         self.stream_ok: bool | None = None
         # The user's source line of each op, taken the first time the op is matched (one

@@ -1,0 +1,171 @@
+"""Adaptive eager at real depth (issue 15): a training step of any depth fuses into one launch,
+or into the fewest consecutive traces when it is longer than the longest trace, with the
+same warm-up as a small loop and eager's bits.
+
+The models are our own small ones (a GPT-style stack, a very deep MLP), so the counts depend
+on nothing but the engine. A 64-layer stack's step (1,882 ops) ran as 154 per-layer launches
+for ever: its identical layers' traces, matched back to back, paused detection before the
+step could repeat twice.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import adaptive_eager
+from subproc import run_json
+
+WARMUP = 5  # steps before the steady state, at most (the issue's bound)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc, self.out = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln1(x)).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Stack(nn.Module):
+    """GPT-style: embeddings, `layers` identical blocks, a head."""
+
+    def __init__(self, layers: int, dim: int = 8, vocab: int = 16, context: int = 4):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def _train_stack(mode: str, layers: int, steps: int, read_loss: bool = False):
+    """(losses, parameters, (ops, launches) per step) of `steps` AdamW steps in `mode`."""
+    torch.manual_seed(0)
+    model = Stack(layers).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, 16, (2, 4), generator=gen).to("neuron")
+    target = torch.randint(0, 16, (2, 4), generator=gen).to("neuron")
+    losses, per_step = [], []
+    with adaptive_eager.mode(mode):
+        for _ in range(steps):
+            before = adaptive_eager.stats(wait=False)
+            loss = F.cross_entropy(model(idx).view(-1, 16), target.view(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item() if read_loss else loss.detach())
+            torch.neuron.synchronize()
+            after = adaptive_eager.stats()
+            per_step.append((after.ops - before.ops, after.launches - before.launches))
+    losses = [float(x) for x in losses]
+    return losses, [p.detach().cpu() for p in model.parameters()], per_step
+
+
+def _assert_bitwise(a, b):
+    assert a[0] == b[0]
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+@pytest.mark.parametrize("layers", [24, 64])
+def test_a_deep_stack_runs_one_launch_per_step_after_the_usual_warm_up(layers):
+    steps = WARMUP + 3
+    eager = _train_stack("eager", layers, steps)
+    adaptive = _train_stack("adaptive", layers, steps)
+    _assert_bitwise(eager, adaptive)
+    ops, launches = zip(*adaptive[2][WARMUP:])
+    assert min(ops) > 25 * layers  # the whole step: the model's ops, not a layer's
+    assert launches == (1,) * len(launches), adaptive[2]
+
+
+def test_a_deep_stack_that_reads_its_loss_every_step_runs_at_most_two_launches():
+    steps = WARMUP + 3
+    eager = _train_stack("eager", 64, steps, read_loss=True)
+    adaptive = _train_stack("adaptive", 64, steps, read_loss=True)
+    _assert_bitwise(eager, adaptive)
+    assert all(launches <= 2 for _, launches in adaptive[2][WARMUP:]), adaptive[2]
+
+
+_CHAINED = """
+    import torch, adaptive_eager
+    from torch import nn
+    torch.manual_seed(0)
+    layers = LAYERS
+    out = {}
+    for mode in ("eager", "adaptive"):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), *[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(layers)],
+                              nn.Linear(4, 1)).to("neuron")
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        x = torch.linspace(-1, 1, 32).reshape(8, 4).to("neuron")
+        losses, per_step = [], []
+        for step in range(8):
+            before = adaptive_eager.stats(wait=False)
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+            torch.neuron.synchronize()
+            after = adaptive_eager.stats()
+            per_step.append((after.ops - before.ops, after.launches - before.launches))
+        out[mode] = {"losses": [float(v) for v in losses], "per_step": per_step,
+                     "params": [p.detach().cpu().flatten().tolist() for p in model.parameters()]}
+    emit(out)
+"""
+
+
+@pytest.mark.parametrize("layers, max_trace_len", [(100, 400), (2500, None)])
+def test_a_step_longer_than_the_longest_trace_runs_as_the_fewest_consecutive_traces(layers, max_trace_len):
+    # A 2,500-layer MLP: a step of 15,017 ops, under the default longest trace (16,384 ops);
+    # 100 layers (617 ops) against a longest trace of 400: two traces, the first naming the
+    # second (a unit up to twice the longest trace is looked for: EngineConfig.max_period).
+    env = {"NEURON_MAX_TRACE_LEN": str(max_trace_len)} if max_trace_len else {"NEURON_MAX_TRACE_LEN": None}
+    out = run_json(_CHAINED.replace("LAYERS", str(layers)), env=env)
+    eager, adaptive = out["eager"], out["adaptive"]
+    assert adaptive["losses"] == eager["losses"] and adaptive["params"] == eager["params"]
+    ops = adaptive["per_step"][-1][0]
+    expected = math.ceil(ops / (max_trace_len or 16384))
+    assert [launches for _, launches in adaptive["per_step"][WARMUP:]] == [expected] * 3, adaptive["per_step"]
+
+
+def test_an_empty_tensor_made_from_host_data_is_no_sync_point():
+    # torch.tensor([], device='neuron'), as Hugging Face's DynamicCache makes per layer and
+    # step, synced: it cut GPT-2's step into one trace per layer (17 launches at 16 layers).
+    x = torch.ones(4).to("neuron")
+    per_step = []
+    for _ in range(WARMUP + 3):
+        before = adaptive_eager.stats(wait=False)
+        y = x * 2
+        empty = torch.tensor([], device="neuron")
+        y = torch.cat([empty, y]).sigmoid()
+        x = (y + 1).exp().log()
+        torch.neuron.synchronize()
+        per_step.append(adaptive_eager.stats().launches - before.launches)
+    assert per_step[WARMUP:] == [1, 1, 1]
+    assert torch.equal(x.cpu(), _eager_empty_loop())
+
+
+def _eager_empty_loop():
+    with adaptive_eager.mode("eager"):
+        x = torch.ones(4).to("neuron")
+        for _ in range(WARMUP + 3):
+            y = torch.cat([torch.tensor([], device="neuron"), x * 2]).sigmoid()
+            x = (y + 1).exp().log()
+        return x.cpu()
