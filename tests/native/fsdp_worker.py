@@ -1,9 +1,12 @@
 """One rank of an FSDP run, started by torchrun (tests/native/test_native_distributed.py).
 
-Usage: fsdp_worker.py OUT_DIR DEVICE [fsdp2|fsdp1]. DEVICE 'neuron' runs with neuron
-tensors and the "neuron" backend; 'cpu' is the reference (gloo; the test turns neuron's
-autoload off, or FSDP would place the mesh on the accelerator). fsdp1 is
-FullyShardedDataParallel with FULL_SHARD. Each rank writes OUT_DIR/rank<N>.json.
+Usage: fsdp_worker.py OUT_DIR DEVICE [fsdp2|fsdp1] [mlp|transformer]. DEVICE 'neuron' runs
+with neuron tensors and the "neuron" backend (the mode is NEURON_ADAPTIVE_EAGER's); 'cpu' is
+the reference (gloo; the test turns neuron's autoload off, or FSDP would place the mesh on the
+accelerator). fsdp1 is FullyShardedDataParallel with FULL_SHARD. Five AdamW steps; with fsdp2,
+the sharded model and optimizer state are saved with torch.distributed.checkpoint after the
+third, and a fresh model loaded from it runs steps four and five again. Each rank writes
+OUT_DIR/rank<N>.json.
 """
 from __future__ import annotations
 
@@ -13,12 +16,25 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
+
+STEPS, SAVED_AFTER = 5, 3
+
+
+def _model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "mlp":
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    blocks = [torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0, batch_first=True)
+              for _ in range(2)]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(8, 4))
 
 
 def _fsdp2(model):
     for layer in model:
-        if isinstance(layer, torch.nn.Linear):
+        if isinstance(layer, (torch.nn.Linear, torch.nn.TransformerEncoderLayer)):
             fully_shard(layer)
     fully_shard(model)  # moves the CPU module to the mesh's device: neuron, for the neuron run
     return model, lambda: [p.full_tensor().detach().cpu().flatten().tolist() for p in model.parameters()]
@@ -37,28 +53,46 @@ def _fsdp1(model, device):
     return wrapped, full_params
 
 
-def main() -> None:
-    out_dir, device = sys.argv[1], sys.argv[2]
-    kind = sys.argv[3] if len(sys.argv) > 3 else "fsdp2"
-    dist.init_process_group("neuron" if device == "neuron" else "gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    model, full_params = _fsdp2(model) if kind == "fsdp2" else _fsdp1(model, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(rank)
+def _steps(model, opt, batches, device) -> list[float]:
     losses = []
-    for _ in range(4):
+    for x in batches:
         opt.zero_grad()
-        loss = model(torch.randn(4, 8, generator=gen).to(device)).square().mean()
+        loss = model(x.to(device)).square().mean()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    result = {
-        "device": str(next(model.parameters()).device),
-        "losses": losses,
-        "params": full_params(),
-    }
+    return losses
+
+
+def main() -> None:
+    out_dir, device = sys.argv[1], sys.argv[2]
+    kind = sys.argv[3] if len(sys.argv) > 3 else "fsdp2"
+    arch = sys.argv[4] if len(sys.argv) > 4 else "mlp"
+    dist.init_process_group("neuron" if device == "neuron" else "gloo")
+    rank = dist.get_rank()
+    wrap = _fsdp2 if kind == "fsdp2" else lambda m: _fsdp1(m, device)
+    model, full_params = wrap(_model(arch))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(rank)
+    shape = (4, 8) if arch == "mlp" else (2, 3, 8)
+    batches = [torch.randn(*shape, generator=gen) for _ in range(STEPS)]
+    losses = _steps(model, opt, batches[:SAVED_AFTER], device)
+    result = {"device": str(next(model.parameters()).device)}
+    if kind == "fsdp2":
+        checkpoint = os.path.join(out_dir, "checkpoint")
+        model_state, optim_state = get_state_dict(model, opt)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint)
+    losses += _steps(model, opt, batches[SAVED_AFTER:], device)
+    result.update(losses=losses, params=full_params())
+    if kind == "fsdp2":
+        resumed, _ = wrap(_model(arch))
+        resumed_opt = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
+        model_state, optim_state = get_state_dict(resumed, resumed_opt)  # the layout to load into
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=checkpoint)
+        set_state_dict(resumed, resumed_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        result["resumed_losses"] = _steps(resumed, resumed_opt, batches[SAVED_AFTER:], device)
+        result["resumed_params"] = [p.full_tensor().detach().cpu().flatten().tolist() for p in resumed.parameters()]
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
