@@ -19,6 +19,7 @@ install = _C.install
 install_refusing_guard = _C.install_refusing_guard  # a bad setting: Note [A bad setting fails at first use]
 current_device = _C.current_device
 set_current_device = _C.set_current_device
+autograd_device_threads_may_run = _C.autograd_device_threads_may_run
 # memory
 charge = _C.charge
 release = _C.release

@@ -80,6 +80,7 @@ def register() -> None:
         runtime.add_drain_hook(_wait_for_executor)
         # A launch still on the device stream (Note [The device stream]) must not run on while
         # the interpreter exits, nor be in flight when the process forks (the child has no worker).
+        atexit.register(_settle_autograd_device_threads)  # atexit runs last-in first: after the wait
         atexit.register(_wait_for_executor)
         os.register_at_fork(before=_wait_for_executor)
         CONTEXT.runtime = runtime  # last: marks registration complete
@@ -97,3 +98,24 @@ def _drain_executor(device_index):
 
 def _wait_for_executor():
     CONTEXT.executor.drain()
+
+
+def _settle_autograd_device_threads():
+    """Note [Autograd's device threads at exit]: torch's backward() stashes a Python object
+    (a contextvars.Context) in the thread-local state each graph task captures. A device
+    thread of C++ autograd drops its graph task just after waking the caller; if the caller
+    then exits at once, the drop (a Python decref) asks for the GIL while the interpreter
+    finalizes, CPython ends the thread with pthread_exit, and the unwind through a noexcept
+    destructor aborts the process ("terminate called without an active exception", after
+    the program's last line; seen in CI, and in a core dump: take_gil <- ~ThreadLocalState
+    <- ~GraphTask <- Engine::thread_main). A device thread runs its tasks in order and drops
+    each before taking the next, so one more graph task on each device, run without the
+    stashed object, waits out every earlier drop, and its own needs no GIL."""
+    if not native.autograd_device_threads_may_run():
+        return
+    engine = torch.autograd.Variable._execution_engine
+    for index in range(CONTEXT.runtime.device_count):
+        x = torch.zeros((), device=torch.device(BACKEND_NAME, index), requires_grad=True)
+        y = x * 1.0
+        # the C++ engine itself, not backward(): no Python object in this task's state
+        engine.run_backward((y,), (torch.ones_like(y),), False, False, (), True, True)

@@ -27,6 +27,7 @@ using c10::DeviceType;
 using c10::Stream;
 
 std::atomic<DeviceIndex> g_device_count{0};
+std::atomic<bool> g_set_device_called{false};
 thread_local DeviceIndex t_current_device = 0;
 
 std::string g_refusal;  // why there is no device (install_refusing_guard), until install_guard
@@ -65,6 +66,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void setDevice(Device d) const override {
     TORCH_CHECK(d.type() == kNeuron, "expected a neuron device, got ", d);
     exchange(d.index());
+    // C++ autograd's device threads call this first thing (Engine::set_device): Note
+    // [Autograd's device threads at exit] in dispatch/registration.py.
+    g_set_device_called.store(true, std::memory_order_relaxed);
   }
 
   void uncheckedSetDevice(Device d) const noexcept override {
@@ -143,6 +147,8 @@ bool g_installed = false;
 }  // namespace
 
 DeviceIndex device_count() { return g_device_count.load(); }
+
+bool autograd_device_threads_may_run() { return g_set_device_called.load(std::memory_order_relaxed); }
 DeviceIndex current_device() { return t_current_device; }
 DeviceIndex checked_device(int64_t index) { return checked(static_cast<DeviceIndex>(index)); }
 void set_current_device(int64_t index) { exchange(static_cast<DeviceIndex>(index)); }

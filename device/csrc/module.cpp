@@ -91,6 +91,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("uncharge", [](int64_t d, int64_t nbytes) { neuron::uncharge(index_of(d), nbytes); });
   m.def("memory_stats", &memory_stats);
+  m.def("autograd_device_threads_may_run", &neuron::autograd_device_threads_may_run,
+        "whether C++ autograd may have started its neuron device threads (the guard's setDevice ran)");
   m.def("set_memory_fraction", [](int64_t d, double fraction) { neuron::set_memory_fraction(index_of(d), fraction); });
   m.def("reset_peak", [](int64_t d) { neuron::reset_peak(index_of(d)); });
   // clock

@@ -31,6 +31,8 @@ constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
 
 // guard.cpp
 c10::DeviceIndex device_count();
+// Whether the guard's setDevice ever ran: C++ autograd's device threads start with it.
+bool autograd_device_threads_may_run();
 c10::DeviceIndex current_device();
 // Raises an IndexError naming the valid range for an index that is not a device.
 c10::DeviceIndex checked_device(int64_t index);
