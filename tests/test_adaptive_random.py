@@ -38,6 +38,7 @@ import adaptive_eager
 from adaptive_eager.mode import SWITCH
 
 N_PROGRAMS = 300
+SHAPE_PROGRAMS = 60
 CHAIN_PROGRAMS = 30
 SHRINK_SECONDS = 20.0
 
@@ -438,6 +439,26 @@ class _Gen:
         ])
         return [f"{self.new(shape)} = {expr}"]
 
+    def changing_shape(self, setup: list[str]):
+        """Shapes that change every iteration in a regular way (issue 15): a cache grown by a row
+        per iteration and read by attention over all of it (decoding's KV cache), and a length
+        that cycles (batches of varying length). Only values of a fixed shape enter the pool."""
+        r = self.rng
+        x = self.as_m()
+        tag = self.n_tmp
+        self.n_tmp += 1
+        if r.random() < 0.5:
+            cache = f"kv{tag}"
+            setup.append(f"{cache} = torch.zeros(0, 6, device='neuron')  # grows a row per iteration")
+            row = r.choice([f"{x}[:1]", f"{x}[i % 4:i % 4 + 1] * lr"])
+            query = self.as_m()  # before the new name exists: a statement never reads its own result
+            return [f"{cache} = torch.cat([{cache}, {row}])  # a growing cache, as in decoding",
+                    f"{self.new(M)} = torch.softmax({query} @ {cache}.t(), -1) @ {cache}"]
+        n = f"n{tag}"
+        expr = r.choice([f"torch.nn.functional.pad({x}[:, :{n}], (0, 6 - {n}))",
+                         f"{x}[:{n} - 1].sum(0, keepdim=True).expand(4, 6) * lr"])
+        return [f"{n} = 2 + (i * 3) % 4  # a length that cycles: 2, 5, 4, 3", f"{self.new(M)} = {expr}"]
+
     def statement(self, pure_only: bool):
         r = self.rng
         makers = [(self.elementwise, 5), (self.scalar, 4), (self.reduction, 3), (self.matmul, 3),
@@ -462,15 +483,22 @@ def _no_garbage_of_earlier_tests():
 
 def generate(seed: int, style: str | None = None) -> Program:
     """style 'pure': a body of device ops only (no host reads, syncs, copies, divergent or
-    aliasing-flipping iterations, dropped references), so the engine must fuse it."""
+    aliasing-flipping iterations, dropped references), so the engine must fuse it. style
+    'shapes': a program with statements whose shapes change every iteration added first and
+    last. (Only that style draws them: a seed's default program, FOUND_BY_SEARCH's included,
+    stays what it was.)"""
     gen = _Gen(seed)
     r = gen.rng
     gen.reps = r.randint(3, 12) if style == "pure" else r.randint(2, 12)
     setup = gen.setup()
     if style != "pure" and r.random() < 0.1:
         gen.allow_swap()
+    # Statements of changing shapes first read setup names only; the last ones, anything defined.
+    first = [gen.changing_shape(setup) for _ in range(r.randint(0, 2))] if style == "shapes" else []
     # A pure body has at least 4 statements: the engine's shortest trace is 4 ops (min_trace_len).
     body = [gen.statement(pure_only=style == "pure") for _ in range(r.randint(4 if style == "pure" else 3, 15))]
+    if style == "shapes":
+        body = first + body + [gen.changing_shape(setup) for _ in range(r.randint(1, 2))]
     reps = gen.reps
     if style == "pure" and gen.uses_grad:
         reps = max(reps, 4)  # the first backward differs (no .grad yet): one more iteration to settle
@@ -639,6 +667,11 @@ def test_pure_repeating_program_matches_eager_and_fuses(seed):
         f"fused (stats: {stats}):\n{program.source()}")
 
 
+@pytest.mark.parametrize("seed", range(3000, 3000 + SHAPE_PROGRAMS))
+def test_program_whose_shapes_change_every_iteration_matches_eager(seed):
+    check(generate(seed, style="shapes"))
+
+
 # Programs outside CI's seed range that once differed, with what they found.
 FOUND_BY_SEARCH = {
     1008049: "a match handed to another trace after a sync had launched part of it: the "
@@ -672,6 +705,9 @@ def test_generator_covers_every_feature():
                    "linalg.solve(", "linalg.inv(", "linalg.det(", "linalg.qr(", "_assert_async("):
         assert needle in text, f"no generated program uses {needle!r}"
     assert sum(generate(s).diverges for s in range(N_PROGRAMS)) >= 20
+    shapes = "".join(generate(s, style="shapes").source() for s in range(3000, 3000 + SHAPE_PROGRAMS))
+    for needle in ("a growing cache", "torch.zeros(0, 6", "a length that cycles", "pad("):
+        assert needle in shapes, f"no program of changing shapes uses {needle!r}"
 
 
 def _rng_after_deferred_rand_like(mode: str):
