@@ -1,4 +1,4 @@
-"""The comparison suite: six workloads, each timed in every mode in ONE benchmark group.
+"""The comparison suite: seven workloads, each timed in every mode in ONE benchmark group.
 
 Modes: `cpu` (native CPU eager), `neuron-eager`, `neuron-adaptive`, and the anchors
 `lazy` (torch._lazy, TorchScript backend, `mark_step` placed by hand after each step) and
@@ -37,15 +37,17 @@ WORKLOADS = {
     "decode": (60, (10, 20), (5, 5)),
     "matmul-heavy": (40, (10, 2), (7, 1)),
     "deep-train": (8, (5, 1), (3, 1)),
+    "hf-decode": (6, (5, 1), (3, 1)),
 }
 # Launch-bound workloads are also measured with the overhead spent in wall-clock time;
 # matmul-heavy is compute-bound, so there the setting changes nothing worth the minutes.
 SPENT_OVERHEAD = ("mlp-train", "transformer-train", "mlp-infer", "decode")
 NEURON_MODES = ("neuron-eager", "neuron-adaptive")
 ANCHORS = ("lazy", "compile")
-# deep-train's anchors would time compilers on a 48-layer graph (minutes each), not the step:
-# it is measured against CPU and neuron eager only.
-NO_ANCHORS = ("deep-train",)
+# deep-train's anchors would time compilers on a 48-layer graph (minutes each), not the step;
+# hf-decode's graphs change shape every token (each would recompile): both are measured against
+# CPU and neuron eager only.
+NO_ANCHORS = ("deep-train", "hf-decode")
 
 
 def _cases():
@@ -241,9 +243,30 @@ def _deep_train(device, mode):
     return step
 
 
+HF_DECODE_TOKENS = 8
+
+
+def _hf_decode(device, mode):
+    """Hugging Face GPT-2 (2 layers, width 32) generate(), greedy, default DynamicCache: one
+    step is one call of HF_DECODE_TOKENS new tokens from the same prompt, the cache growing a
+    position per token. Shapes change token to token but repeat call to call, so adaptive mode
+    replays one trace per token position; a new prompt length every call would not repeat
+    (issue 15's shape-generic traces)."""
+    transformers = pytest.importorskip("transformers", reason="hf-decode needs the clients extra: "
+                                       "pip install -e '.[clients]'")
+    transformers.logging.set_verbosity_error()
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2)).to(device).eval()
+    prompt = _data(1, 6, high=64).to(device)
+
+    def step():
+        return model.generate(prompt, max_new_tokens=HF_DECODE_TOKENS, do_sample=False, pad_token_id=0)
+    return step
+
+
 BUILDERS = {"mlp-train": _mlp_train, "transformer-train": _transformer_train,
             "mlp-infer": _mlp_infer, "decode": _decode, "matmul-heavy": _matmul_heavy,
-            "deep-train": _deep_train}
+            "deep-train": _deep_train, "hf-decode": _hf_decode}
 
 
 # -- modes ----------------------------------------------------------------------------------------
