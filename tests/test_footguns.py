@@ -5,6 +5,7 @@ behaviour. When one gets fixed, its test fails: update the table and the test to
 |---|--------------------------------------------------------------|-------------------------------------------------|---------------------------------------------------------------------------------------|---------------------------------------------------------|
 | 8 | `torch.nested.nested_tensor(parts, device='neuron')` (strided layout) | it is made; its first use (any op, `.cpu()`, printing) raises "dense (strided) only ... use the jagged layout" | torch's factory builds it below the dispatcher, where no kernel of ours is asked (Note [Dense layouts only]); every other constructor refuses at the call | `layout=torch.jagged` |
 | 9 | training in a `fork`ed child after a backward in the parent | the child's backward raises torch's "Unable to handle autograd's threading in combination with fork-based multiprocessing" | as on CUDA: autograd runs a device's backward on a thread of its own, which fork does not copy | start children with `spawn` or `forkserver` (`torch.multiprocessing.spawn`, `mp.get_context("spawn")`): they train as the parent does |
+| 10 | `safetensors.torch.load_file(path, device='neuron')` | safetensors raises its own `SafetensorError: device neuron is invalid` | safetensors checks the device name against a list of its own (cpu, cuda, mps, npu, xpu, ...), before torch sees it | load on the host, then move: `model.load_state_dict(load_file(path))` into a neuron model, or `{k: v.to('neuron') for k, v in load_file(path).items()}` |
 | 7 | `import device` (or `dispatch`) before anything imports torch | `neuron` is not registered until `import adaptive_eager` | torch's autoload runs while our package is half-imported and leaves registration to it | `import torch` or `import adaptive_eager` first (the usual order) |
 """
 
@@ -82,3 +83,13 @@ def test_9_training_in_a_forked_child_raises_as_on_cuda_and_spawn_trains(tmp_pat
     out = json.loads(proc.stdout.split(RESULT_MARKER)[-1])
     assert "Unable to handle autograd's threading in combination with fork-based multiprocessing" in out["fork"]
     assert out["spawn"] == out["cpu"]
+
+
+def test_10_safetensors_refuses_to_load_onto_neuron_itself_and_host_then_move_works(tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    path = str(tmp_path / "t.safetensors")
+    safetensors_torch.save_file({"w": torch.arange(4.0, device="neuron")}, path)
+    with pytest.raises(Exception, match="device neuron is invalid"):  # safetensors' own check
+        safetensors_torch.load_file(path, device="neuron")
+    moved = {k: v.to("neuron") for k, v in safetensors_torch.load_file(path).items()}
+    assert moved["w"].device == torch.device("neuron:0") and torch.equal(moved["w"].cpu(), torch.arange(4.0))
