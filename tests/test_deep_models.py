@@ -169,3 +169,36 @@ def _eager_empty_loop():
             y = torch.cat([torch.tensor([], device="neuron"), x * 2]).sigmoid()
             x = (y + 1).exp().log()
         return x.cpu()
+
+
+def _train_with_saves(mode: str, steps: int = 16, save_at=(7, 11)):
+    """A loop that keeps each step's loss (a value of the step before, live across the cut) and
+    saves a checkpoint (host reads of every parameter) between some steps."""
+    import io
+
+    torch.manual_seed(0)
+    model = Stack(4).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 16, (2, 4), generator=torch.Generator().manual_seed(1)).to("neuron")
+    losses, launches = [], []
+    with adaptive_eager.mode(mode):
+        for step in range(steps):
+            before = adaptive_eager.stats(wait=False).launches
+            loss = F.cross_entropy(model(idx).view(-1, 16), idx.view(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+            if step in save_at:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, io.BytesIO())
+            torch.neuron.synchronize()
+            launches.append(adaptive_eager.stats().launches - before)
+    return [float(x) for x in losses], [p.detach().cpu() for p in model.parameters()], launches
+
+
+def test_a_checkpoint_saved_between_steps_leaves_the_next_steps_at_one_launch():
+    # Issue 15's recovery: after an interruption the next step is back at its steady launches,
+    # its trace starting where the step starts (the issue saw a whole step run unfused after a save).
+    eager, adaptive = _train_with_saves("eager"), _train_with_saves("adaptive")
+    _assert_bitwise(eager, adaptive)
+    assert adaptive[2][WARMUP:] == [1] * (16 - WARMUP), adaptive[2]
