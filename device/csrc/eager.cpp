@@ -223,36 +223,30 @@ IValue map_list(const IValue& v, Fn fn) {
   return out;
 }
 
-// The position of each key added, first one kept: searched linearly while short (an op has a
-// handful of arguments, and this runs per op), hashed once long (a foreach op over every
-// parameter of a deep model has thousands: the linear searches made it quadratic, 0.27 s an op
-// at 5,000 tensors).
+// Where an item of a HostCall vector is, by a key derived from it: the vector itself searched
+// linearly while short (an op has a handful of arguments, and this runs per op: no allocation),
+// a hash map of it, caught up lazily, once long (a foreach op over every parameter of a deep
+// model has thousands: linear searches made it quadratic, 0.27 s an op at 5,000 tensors).
 template <typename Key>
 struct Index {
   static constexpr size_t npos = static_cast<size_t>(-1);
   static constexpr size_t kLinear = 16;
-  std::vector<Key> keys;
-  std::unordered_map<Key, size_t> hashed;  // built when keys outgrows kLinear
+  std::unordered_map<Key, size_t> hashed;
+  size_t hashed_up_to = 0;  // items [0, hashed_up_to) are in `hashed`
 
-  void add(Key key) {
-    keys.push_back(key);
-    if (keys.size() == kLinear + 1) {
-      for (size_t i = 0; i < keys.size(); ++i) {
-        hashed.emplace(keys[i], i);  // emplace keeps the first position, as the linear search finds
-      }
-    } else if (keys.size() > kLinear + 1) {
-      hashed.emplace(key, keys.size() - 1);
-    }
-  }
-
-  size_t find(Key key) const {
-    if (keys.size() <= kLinear) {
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (keys[i] == key) {
+  // The first item whose key_of(item) is key, as a linear search finds it; npos if none.
+  template <typename Item, typename KeyOf>
+  size_t find(const std::vector<Item>& items, Key key, KeyOf key_of) {
+    if (items.size() <= kLinear) {
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (key_of(items[i]) == key) {
           return i;
         }
       }
       return npos;
+    }
+    for (; hashed_up_to < items.size(); ++hashed_up_to) {
+      hashed.emplace(key_of(items[hashed_up_to]), hashed_up_to);  // emplace keeps the first
     }
     auto it = hashed.find(key);
     return it == hashed.end() ? npos : it->second;
@@ -269,27 +263,29 @@ struct HostCall {
   // (host storage, neuron storage): each alias storage and the neuron storage it aliases, and
   // each new result's CPU storage and the neuron storage that adopted it; found by the neuron
   // storage's bytes (same_bytes) or by the host storage
-  std::vector<std::pair<c10::Storage, c10::Storage>> storages;
+  using StoragePair = std::pair<c10::Storage, c10::Storage>;
+  std::vector<StoragePair> storages;
   Index<const void*> by_bytes;
   Index<const c10::StorageImpl*> by_host;
   // alias TensorImpl -> the neuron argument it stands for (kept alive for the call)
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> originals;
+  using Original = std::pair<const c10::TensorImpl*, at::Tensor>;
+  std::vector<Original> originals;
   Index<const c10::TensorImpl*> by_alias;
   std::vector<at::Tensor> aliases;  // the host aliases, in argument order
 
-  // What same_bytes compares: two storages with one key hold the same bytes.
-  static const void* bytes_key(const c10::Storage& s) {
-    return s.data() != nullptr ? s.data() : static_cast<const void*>(s.unsafeGetStorageImpl());
+  // The entry of storages whose neuron storage holds these bytes (same_bytes), or npos.
+  size_t storage_with_bytes(const c10::Storage& s) {
+    return by_bytes.find(storages, bytes_key(s), [](const StoragePair& p) { return bytes_key(p.second); });
   }
 
-  void add_storages(c10::Storage host, c10::Storage base) {
-    by_bytes.add(bytes_key(base));
-    by_host.add(host.unsafeGetStorageImpl());
-    storages.emplace_back(std::move(host), std::move(base));
+  size_t storage_with_host(const c10::Storage& host) {
+    return by_host.find(storages, static_cast<const c10::StorageImpl*>(host.unsafeGetStorageImpl()),
+                        [](const StoragePair& p) { return static_cast<const c10::StorageImpl*>(p.first.unsafeGetStorageImpl()); });
   }
 
   at::Tensor* original_of(const at::Tensor& alias) {
-    const size_t i = by_alias.find(alias.unsafeGetTensorImpl());
+    const size_t i = by_alias.find(originals, static_cast<const c10::TensorImpl*>(alias.unsafeGetTensorImpl()),
+                                   [](const Original& o) { return o.first; });
     return i == Index<const c10::TensorImpl*>::npos ? nullptr : &originals[i].second;
   }
 
@@ -319,14 +315,13 @@ struct HostCall {
     }
     in_bytes += static_cast<double>(t.numel()) * t.element_size();
     at::Tensor alias;
-    const size_t same = by_bytes.find(bytes_key(t.storage()));
+    const size_t same = storage_with_bytes(t.storage());
     if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias
       alias = host_alias_on(storages[same].first, t);
     } else {
       alias = host_alias(t);
-      add_storages(alias.storage(), t.storage());
+      storages.emplace_back(alias.storage(), t.storage());
     }
-    by_alias.add(alias.unsafeGetTensorImpl());
     originals.emplace_back(alias.unsafeGetTensorImpl(), t);
     aliases.push_back(alias);
     return alias;
@@ -363,13 +358,13 @@ struct HostCall {
     if (at::Tensor* same = original_of(r)) {
       return *same;  // written in place (its geometry is synced by sync_written)
     }
-    const size_t view = by_host.find(r.storage().unsafeGetStorageImpl());
+    const size_t view = storage_with_host(r.storage());
     if (view != Index<const c10::StorageImpl*>::npos) {
       return neuron_tensor_on(storages[view].second, r);  // a view of an argument, or of an earlier new result
     }
     c10::Storage adopted = adopt(r.storage(), d, /*new_result=*/true);
     // Other results on the same new bytes (several views of one buffer) share the storage.
-    add_storages(r.storage(), adopted);
+    storages.emplace_back(r.storage(), adopted);
     return neuron_tensor_on(adopted, r);
   }
 

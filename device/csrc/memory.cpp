@@ -319,7 +319,12 @@ c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes) {
 c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result) {
   const size_t nbytes = cpu.nbytes();
   // Raises torch.OutOfMemoryError: the CPU bytes die with the exception.
-  const size_t charged = new_result ? charge_new(d, nbytes) : (charge(d, nbytes), nbytes);
+  size_t charged = nbytes;
+  if (new_result) {
+    charged = charge_new(d, nbytes);
+  } else {
+    charge(d, nbytes);
+  }
   return data_ptr_of(new Bytes{const_cast<void*>(cpu.data()), cpu}, d, charged);
 }
 
@@ -352,9 +357,11 @@ bool bytes_shared(const c10::Storage& storage) {
          static_cast<c10::RefcountedDeleterContext*>(data.get_context())->refcount.load() > 1;
 }
 
-bool same_bytes(const c10::Storage& a, const c10::Storage& b) {
-  return a.is_alias_of(b) || (a.data() != nullptr && a.data() == b.data());
+const void* bytes_key(const c10::Storage& s) {
+  return s.data() != nullptr ? s.data() : static_cast<const void*>(s.unsafeGetStorageImpl());
 }
+
+bool same_bytes(const c10::Storage& a, const c10::Storage& b) { return bytes_key(a) == bytes_key(b); }
 
 void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes) {
   Block* from = block_of(placeholder);

@@ -90,7 +90,9 @@ void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes
 c10::Storage share_bytes(const c10::Storage& storage);
 // Whether anything but `storage` holds its bytes: another tensor's storage object, or a share.
 bool bytes_shared(const c10::Storage& storage);
-// Whether two storages hold the same bytes (one of them a share of the other's, say).
+// Whether two storages hold the same bytes (one of them a share of the other's, or c10's
+// refcounted sharing): they have one bytes_key (the bytes' address; the storage's, for none).
+const void* bytes_key(const c10::Storage& s);
 bool same_bytes(const c10::Storage& a, const c10::Storage& b);
 
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
