@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import adaptive_eager
+from models import TinyGPT
 
 WARMUP = 5  # steps allowed before the steady state
 
@@ -23,37 +24,6 @@ def _adaptive_mode():
 
 def _mlp():
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-class Block(nn.Module):
-    def __init__(self, dim=16, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, layers=4, vocab=13, dim=16, context=8):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
 
 
 def _cnn(bias: bool):

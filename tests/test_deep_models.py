@@ -7,56 +7,24 @@ on nothing but the engine. A 64-layer stack's step (1,882 ops) ran as 154 per-la
 for ever: its identical layers' traces, matched back to back, paused detection before the
 step could repeat twice.
 """
+import io
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import adaptive_eager
+from models import TinyGPT
 from subproc import run_json
 
 WARMUP = 5  # steps before the steady state, at most (the issue's bound)
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int = 2):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc, self.out = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-                   for z in self.qkv(self.ln1(x)).split(c, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class Stack(nn.Module):
-    """GPT-style: embeddings, `layers` identical blocks, a head."""
-
-    def __init__(self, layers: int, dim: int = 8, vocab: int = 16, context: int = 4):
-        super().__init__()
-        self.emb, self.pos = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
-
-    def forward(self, idx):
-        x = self.emb(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
-
-
 def _train_stack(mode: str, layers: int, steps: int, read_loss: bool = False):
     """(losses, parameters, (ops, launches) per step) of `steps` AdamW steps in `mode`."""
     torch.manual_seed(0)
-    model = Stack(layers).to("neuron")
+    model = TinyGPT(layers, vocab=16, dim=8, context=4).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, 16, (2, 4), generator=gen).to("neuron")
@@ -174,10 +142,8 @@ def _eager_empty_loop():
 def _train_with_saves(mode: str, steps: int = 16, save_at=(7, 11)):
     """A loop that keeps each step's loss (a value of the step before, live across the cut) and
     saves a checkpoint (host reads of every parameter) between some steps."""
-    import io
-
     torch.manual_seed(0)
-    model = Stack(4).to("neuron")
+    model = TinyGPT(4, vocab=16, dim=8, context=4).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     idx = torch.randint(0, 16, (2, 4), generator=torch.Generator().manual_seed(1)).to("neuron")
     losses, launches = [], []
