@@ -34,6 +34,10 @@ def is_distributed_namespace(namespace: str) -> bool:
     return "c10d" in namespace or namespace in ("_dtensor", "symm_mem")
 
 
+# Factories whose length is (end - start) / step of Scalar arguments, floats included.
+_SIZED_BY_SCALARS = frozenset({"aten::arange", "aten::range"})
+
+
 @dataclasses.dataclass(frozen=True)
 class OpInfo:
     op: torch._ops.OpOverload
@@ -56,6 +60,9 @@ class OpInfo:
     # A custom kernel's own cost estimate, (args, kwargs, measured_bytes) -> (flops, bytes):
     # Note [Custom kernel cost] in custom_kernels.py. None for every other op.
     cost_hook: object = None
+    # Its outputs' sizes come from its Scalar arguments' values (arange(0.0, n / 2, 0.5)):
+    # floats are keyed by value for it, not lifted (Note [Lifted scalars] in record.py).
+    sized_by_scalars: bool = False
 
     @property
     def mutates(self) -> bool:
@@ -125,4 +132,5 @@ def _classify(op) -> OpInfo:
         has_flop_formula=op._overloadpacket in flop_registry,
         is_collective=is_distributed_namespace(op.namespace),
         cost_hook=COST_HOOKS.get(op),
+        sized_by_scalars=schema.name in _SIZED_BY_SCALARS,
     )

@@ -9,9 +9,12 @@ Note [Lifted scalars]: Python floats (and complex numbers) are never part of the
 wherever they appear: in `Scalar` arguments, in lists (`_foreach_*.ScalarList`), and where
 the schema says Tensor but a float was passed (AdamW's `div.Tensor(x, 0.0547)`). Only
 their type is keyed; the value is bound per call. Otherwise an optimizer whose step size
-or bias correction changes every step would never repeat. Ints, bools, strings, dtypes,
-layouts, memory formats and devices are structural (they change shapes or kernels) and
-are keyed by value; bools are keyed apart from ints because `True == 1`.
+or bias correction changes every step would never repeat. Not for the ops whose output
+sizes those values decide, `arange` and `range` (OpInfo.sized_by_scalars): keyed by value
+there, or a trace would promise mvlgamma's backward an `arange` of another length. Ints,
+bools, strings, dtypes, layouts, memory formats and devices are structural (they change
+shapes or kernels) and are keyed by value; bools are keyed apart from ints because
+`True == 1`.
 
 Note [CPU scalar tensors]: a CPU 0-dim tensor passed to an op (and not written by it) is
 a scalar, as on CUDA: its value is read when the op is issued (the bound value is a
@@ -77,8 +80,9 @@ _BY_VALUE = frozenset({int, str, type(None), torch.dtype, torch.layout, torch.me
 _LIFTED = frozenset({float, complex})
 
 
-def _describe(a, values: list, scalar_ok: bool):
-    """(key, template) of one argument; appends the values bound to new slots."""
+def _describe(a, values: list, scalar_ok: bool, lift: bool = True):
+    """(key, template) of one argument; appends the values bound to new slots. lift=False:
+    floats are keyed by value (an op sized by its scalars, OpInfo.sized_by_scalars)."""
     if isinstance(a, torch.Tensor):
         if scalar_ok and a.is_cpu and a.dim() == 0:
             # Note [CPU scalar tensors]: a snapshot, read now.
@@ -89,7 +93,7 @@ def _describe(a, values: list, scalar_ok: bool):
     cls = type(a)
     if cls in _BY_VALUE:
         return a, a
-    if cls in _LIFTED:  # Note [Lifted scalars]
+    if cls in _LIFTED and lift:  # Note [Lifted scalars]
         values.append(a)
         return cls, _slot(len(values) - 1)
     if cls is bool:
@@ -97,7 +101,7 @@ def _describe(a, values: list, scalar_ok: bool):
     if cls is list or cls is tuple:
         keys, template = [], []
         for x in a:
-            k, t = _describe(x, values, scalar_ok)
+            k, t = _describe(x, values, scalar_ok, lift)
             keys.append(k)
             template.append(t)
         return tuple(keys), cls(template)
@@ -147,6 +151,7 @@ class OpRecord:
         """
         info = classify(func)
         written = info.written_args
+        lift = not info.sized_by_scalars
         values: list = []
         arg_keys, arg_tmpl = [], []
         for i, a in enumerate(args):
@@ -155,13 +160,13 @@ class OpRecord:
                 arg_keys.append((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device))
                 arg_tmpl.append(_slot(len(values) - 1))
                 continue
-            k, t = _describe(a, values, i not in written)
+            k, t = _describe(a, values, i not in written, lift)
             arg_keys.append(k)
             arg_tmpl.append(t)
         kw_keys, kw_tmpl = [], {}
         if kwargs:
             for name, a in kwargs.items():
-                k, t = _describe(a, values, name not in info.written_kwargs)
+                k, t = _describe(a, values, name not in info.written_kwargs, lift)
                 kw_keys.append((name, k))
                 kw_tmpl[name] = t
         signature = (func, tuple(arg_keys), tuple(kw_keys))

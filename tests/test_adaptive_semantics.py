@@ -413,3 +413,19 @@ def test_out_of_memory_comes_at_eagers_op_with_eagers_books_whatever_is_held(hol
     assert adaptive["ooms"] == eager["ooms"]  # the same steps, source lines and memory in the message
     assert adaptive["memory"] == eager["memory"]  # allocated and peak after every step, no sync
     assert adaptive["reads"] == eager["reads"] and adaptive["final"] == eager["final"]
+
+
+def test_an_arange_whose_float_end_changes_gets_its_own_length():
+    # arange's length is (end - start) / step of its Scalar arguments: floats are keyed by
+    # value for it (elsewhere they are lifted), or its trace would promise the old length.
+    def run(mode):
+        with adaptive_eager.mode(mode):
+            outs = []
+            for end in [1.5] * 4 + [3.5] * 3:
+                w = torch.ones(1, device="neuron")
+                outs.append((torch.arange(0.0, end, 0.5, device="neuron") * w + 1).exp().cpu())
+            return outs
+
+    eager, adaptive = run("eager"), run("adaptive")
+    assert [o.shape[0] for o in adaptive] == [3] * 4 + [7] * 3
+    assert all(torch.equal(a, b) for a, b in zip(adaptive, eager))
