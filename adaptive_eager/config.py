@@ -20,6 +20,8 @@ class EngineConfig:
     # (a very deep model's step) is found too, and split into that many consecutive traces.
     max_trace_len: int = 16384
     launch_blocking: bool = False  # NEURON_LAUNCH_BLOCKING=1: every op synchronous
+    # Note [Shape-generic traces] (generic.py): NEURON_GENERIC_TRACES=0 caches exact traces only.
+    generic_traces: bool = True
 
     @property
     def max_period(self) -> int:
@@ -34,4 +36,5 @@ class EngineConfig:
         cfg.repeats = int_env(env, "NEURON_TRACE_REPEATS", cfg.repeats, 2)
         cfg.max_trace_len = int_env(env, "NEURON_MAX_TRACE_LEN", cfg.max_trace_len, 2)
         cfg.launch_blocking = env.get("NEURON_LAUNCH_BLOCKING", "0").strip() not in ("", "0")
+        cfg.generic_traces = env.get("NEURON_GENERIC_TRACES", "1").strip() not in ("", "0")
         return cfg

@@ -5,6 +5,8 @@ States (one engine, one state at a time, guarded by a lock):
   the period detector; if a cached trace starts with it, matching begins instead.
 - MATCHING: `self.pending` holds a trace and how far the stream has followed it. An op
   that matches the next position is deferred; when the trace completes, it launches as one.
+  A shape-generic trace (Note [Shape-generic traces] in generic.py) matches by how sizes
+  relate, not by their values; a second detector, on size-erased keys, finds its unit.
 
 Ops reach the engine through the C++ route (csrc/route.cpp) while adaptive mode is on: the
 C++ eager path hands each op of a neuron tensor to `route`. Deferral is what it is on an
@@ -47,6 +49,8 @@ from dispatch.record import OpRecord, signature_difference, user_source_line
 from .compile import compile_matcher
 from .config import EngineConfig
 from .detector import PeriodDetector
+from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase, erase_key,
+                      generic_difference)
 from .pending import Pending, launch_error
 from .trace import Trace, build_proto, build_trace, output_slots
 
@@ -64,6 +68,7 @@ class EngineCounters:
         self.trace_hits = 0
         self.divergences = 0
         self.switches = 0  # matches handed to another trace with the same prefix (_switch_trace)
+        self.generic_traces = 0  # shape-generic traces adopted (Note [Shape-generic traces])
         self.stream_launches = 0  # fused launches run on the device stream
         self.flushes: collections.Counter = collections.Counter()
 
@@ -87,17 +92,24 @@ class _TraceCache(cachetools.LRUCache):
 
     def popitem(self):
         key, trace = super().popitem()
+        self._unindex(trace)
+        return key, trace
+
+    def remove(self, trace: Trace) -> None:
+        if self.pop(trace.key, None) is not None:
+            self._unindex(trace)
+
+    def _unindex(self, trace: Trace) -> None:
         for index, k in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
             starts = index.get(k, [])
             if trace in starts:
                 starts.remove(trace)
-        return key, trace
 
 
 class _Barrier:
     """A sync op in the history (it ran eagerly, unseen): what the detector and _adopt read."""
 
-    __slots__ = ("signature", "name")
+    __slots__ = ("signature", "name", "erased")
     barrier = True
     device = None
     out_specs = ()
@@ -105,6 +117,7 @@ class _Barrier:
     def __init__(self, signature, name):
         self.signature = signature
         self.name = name
+        self.erased = (erase_key(signature), None)  # what the shape detector sees
 
 
 _HOST_ACCESS = _Barrier(("host access",), "host access")
@@ -131,9 +144,16 @@ class AdaptiveExecutor(Executor):
         self.cache = _TraceCache(cfg.cache_size)
         self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
                                        unit_min=cfg.min_trace_len)
+        # Note [Shape-generic traces] (generic.py): the same, on size-erased keys.
+        self.shape_detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
+                                             unit_min=cfg.min_trace_len)
         # Two periods of the longest unit: what _adopt reads when a period fires.
         self.history: collections.deque = collections.deque(maxlen=2 * cfg.max_period)
         self.key_ids: dict[tuple, int] = {}
+        self.erased_ids: dict[tuple, int] = {}
+        # (period, entries still to come): a shape period fired, and its two sightings are
+        # taken once they start at the stream's own cut (_plan_generic).
+        self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
         self.pending: Pending | None = None
@@ -241,13 +261,14 @@ class AdaptiveExecutor(Executor):
                 self._end_match("interrupted")
                 raise
 
-    def issue_failed(self) -> None:
+    def issue_failed(self, reason: str = "out of memory") -> None:
         """The route could not queue an op the engine deferred: making its outputs ran out of
         device memory (they are charged at issue, where eager mode allocates them), and the
-        op raises as in eager mode. The match ends as at an interrupt (Note [Interrupted
-        issue]): the op was counted, not queued."""
+        op raises as in eager mode; or a shape-generic position's op has no shape function
+        (Note [Plans from shape functions]), and it runs now. The match ends as at an
+        interrupt (Note [Interrupted issue]): the op was counted, not queued."""
         with self._lock:
-            self._end_match("out of memory")
+            self._end_match(reason)
 
     def _end_match(self, reason: str) -> None:
         """Note [Interrupted issue]: a KeyboardInterrupt (Ctrl-C; SystemExit too) is raised
@@ -284,23 +305,23 @@ class AdaptiveExecutor(Executor):
     def _match_or_record(self, info, rec: OpRecord, args, kwargs):
         """The slow path: rec continues the match, starts a cached trace, or runs eagerly."""
         if self.pending is not None or self._enter_at is not None:
-            out = self._continue_match(rec)
+            out = self._continue_match(rec, args, kwargs)
             if out is not _NO_MATCH:
                 return out
-        out = self._try_start(rec)
+        out = self._try_start(rec, args, kwargs)
         if out is not _NO_MATCH:
             return out
         return self._record_eager(info, rec, args, kwargs)
 
     # -- matching and deferring --------------------------------------------------------------
-    def _continue_match(self, rec: OpRecord):
+    def _continue_match(self, rec: OpRecord, args, kwargs):
         if self._enter_at is not None and self._enter_at[1] <= self.position:
             # A longer trace was just adopted, and the stream is at its start now.
             (trace, at), self._enter_at = self._enter_at, None
             if at == self.position:
                 self._flush("longer trace adopted")
                 self.pending = None
-                return self._start(trace, rec)
+                return self._start(trace, rec, args, kwargs)
         p = self.pending
         if p is None:
             return _NO_MATCH
@@ -310,26 +331,27 @@ class AdaptiveExecutor(Executor):
             for trace in self.cache.by_start.get(rec.signature, ()):
                 if len(trace) > len(p.trace) - p.pos and trace is not p.trace:
                     self.pending = None
-                    out = self._start(trace, rec)
+                    out = self._start(trace, rec, args, kwargs)
                     if out is not _NO_MATCH:
                         return out
                     self.pending = p
-        out = self._match_one(p, rec)
+        out = self._match_one(p, rec, args, kwargs)
         if out is _NO_MATCH:
-            out = self._switch_trace(p, rec)
+            out = self._switch_trace(p, rec, args, kwargs)
         if out is _NO_MATCH:
             self._diverge(p, rec)
         return out
 
-    def _switch_trace(self, p: Pending, rec: OpRecord):
+    def _switch_trace(self, p: Pending, rec: OpRecord, args, kwargs):
         """Traces that start alike (a `t` begins many) share their first ops: when the one
         being matched diverges, another cached trace with the very same prefix (signatures
         and dataflow) that matches this op takes over the match, with everything deferred
         or launched so far. Without it the longest trace, tried first, diverged at every
         occurrence of its first op that begins a shorter trace."""
-        if p.done:
+        if p.done or p.trace.generic:
             # A launched prefix freed its values by this trace's last reads; another trace
             # may read them later (a random-program search found it): no hand-over then.
+            # (A generic trace's symbols are its own: none is handed over either.)
             return _NO_MATCH
         k = p.pos
         prefix = p.trace.key.parts[:k]
@@ -339,26 +361,32 @@ class AdaptiveExecutor(Executor):
                 continue
             old = p.trace
             p.switch(trace)
-            out = self._match_one(p, rec)
+            out = self._match_one(p, rec, args, kwargs)
             if out is not _NO_MATCH:
                 self.counters.switches += 1
                 return out
             p.switch(old)
         return _NO_MATCH
 
-    def _try_start(self, rec: OpRecord):
+    def _try_start(self, rec: OpRecord, args, kwargs):
         for trace in self.cache.by_start.get(rec.signature, ()):
-            out = self._start(trace, rec)
+            out = self._start(trace, rec, args, kwargs)
             if out is not _NO_MATCH:
                 self.cache.get(trace.key)  # touch: recently used
                 return out
+        for trace in self.cache.by_first_op.get(rec.func, ()):
+            if trace.generic:
+                out = self._start(trace, rec, args, kwargs)
+                if out is not _NO_MATCH:
+                    self.cache.get(trace.key)
+                    return out
         return _NO_MATCH
 
-    def _start(self, trace, rec):
-        if trace.protos[0].signature != rec.signature:
+    def _start(self, trace, rec, args, kwargs):
+        if not trace.generic and trace.protos[0].signature != rec.signature:
             return _NO_MATCH
         p = self.pending = Pending(trace, self.position)
-        out = self._match_one(p, rec)
+        out = self._match_one(p, rec, args, kwargs)
         if out is _NO_MATCH:
             self.pending = None
         return out
@@ -386,12 +414,14 @@ class AdaptiveExecutor(Executor):
             return _NO_MATCH
         match = proto.matcher
         if match is None:
-            match = proto.matcher = compile_matcher(proto)
+            match = proto.matcher = compile_generic_matcher(proto) if trace.generic else compile_matcher(proto)
         if match(args, kwargs, p) is None:
             return _NO_MATCH
         return self._defer(p, proto)
 
-    def _match_one(self, p: Pending, rec: OpRecord):
+    def _match_one(self, p: Pending, rec: OpRecord, args, kwargs):
+        if p.trace.generic:
+            return self._match_fast(p, rec.func, args, kwargs)
         proto = p.trace.protos[p.pos]
         if proto.signature != rec.signature:
             return _NO_MATCH
@@ -403,7 +433,7 @@ class AdaptiveExecutor(Executor):
             position = self.position
             self.position += 1
         else:
-            position = self._advance(proto, ())
+            position = self._advance(GenericSighting(proto, p.syms) if p.trace.generic else proto, _MATCHED)
         p.positions.append(position)
         if p.trace.sources[p.pos] is None:
             p.trace.sources[p.pos] = user_source_line() or "(autograd engine)"
@@ -435,8 +465,11 @@ class AdaptiveExecutor(Executor):
         self.counters.divergences += 1
         p.trace.divergences += 1
         where = user_source_line() or "(autograd engine)"
-        differs = signature_difference(expected.signature, rec.signature)
-        if expected.signature[0] is rec.signature[0]:  # the same op: say which argument differed
+        if p.trace.generic:
+            differs = generic_difference(expected, rec, p.syms)
+        else:
+            differs = signature_difference(expected.signature, rec.signature)
+        if expected.info.op is rec.func:  # the same op: say which argument differed
             differs = f"{expected.name} with {differs}" if differs else f"{expected.name} (its dataflow differed)"
         self.recent_divergences.append(f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: {differs} at {where}")
         self._flush("divergence")
@@ -578,9 +611,13 @@ class AdaptiveExecutor(Executor):
 
     def _proto(self, info, rec, out, args, kwargs, barrier: bool):
         proto = self.protos.get(rec.signature)
-        self._count_novelty(proto is None)
         if proto is None:
             proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs)
+            # New sizes of a known op sequence (a growing cache) are no novelty: the shape
+            # detector may still find it (Note [Shape-generic traces]).
+            self._count_novelty(erase(proto)[0] not in self.erased_ids)
+        else:
+            self._count_novelty(False)
         return proto
 
     # -- history and detection ----------------------------------------------------------------
@@ -591,22 +628,124 @@ class AdaptiveExecutor(Executor):
         if self._steady >= self._pause_after:
             return position  # detection paused: the stream is fully covered by traces
         self.history.append((position, proto, producers))
-        key = self.key_ids.get(proto.signature)
+        # An op a generic trace matched is keyed as the same op run eagerly would be: the
+        # exact detector sees one stream however its ops were matched.
+        signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
+        key = self.key_ids.get(signature)
         if key is None:
             if len(self.key_ids) > 100_000:  # never-repeating streams: keep memory bounded
                 self.key_ids.clear()
                 self.protos.clear()
-            key = self.key_ids[proto.signature] = len(self.key_ids)
+            key = self.key_ids[signature] = len(self.key_ids)
+        erased = (proto.erased or erase(proto))[0]
+        shape_key = self.erased_ids.get(erased)
+        if shape_key is None:
+            if len(self.erased_ids) > 100_000:
+                self.erased_ids.clear()
+            shape_key = self.erased_ids[erased] = len(self.erased_ids)
         period = self.detector.push(key)
+        shape_period = self.shape_detector.push(shape_key)
         if period is not None:
             self._adopt(period)
+        elif shape_period is not None and self._generic_wait is None and self.config.generic_traces:
+            self._plan_generic(shape_period)
+        if self._generic_wait is not None:
+            period, wait = self._generic_wait
+            if wait:
+                self._generic_wait = (period, wait - 1)
+            else:
+                self._generic_wait = None
+                self._adopt_generic(period)
         return position
 
-    def _adopt(self, period: int) -> None:
-        """The last `period` ops repeated: cache them as traces (split at sync points)."""
+    def _drop_superseded(self, window, length: int) -> None:
+        """Generic traces that matched inside a unit just cached whole (a layer of each width
+        in a training step, the rotary embedding of queries and then keys in a token) are
+        superseded by it, and so are shorter ones never matched at all (adopted inside such a
+        unit before it had repeated): evicted, so they neither compete with it nor fill
+        explain(). A phase they belong to that comes back adopts them again."""
+        matched = {e[1].proto.trace for e in window if type(e[1]) is GenericSighting}
+        current = None if self.pending is None else self.pending.trace
+        for trace in [t for starts in self.cache.by_first_op.values() for t in starts]:
+            if trace.generic and len(trace) < length and trace is not current and (trace in matched or not trace.hits):
+                self.cache.remove(trace)
+
+    def _exact_entries(self, entries):
+        """History entries with each op a generic trace matched as its exact proto (known
+        from its eager run), or None if one was never run eagerly with those sizes."""
+        if not any(type(e[1]) is GenericSighting for e in entries):
+            return entries
+        out = []
+        for e in entries:
+            if type(e[1]) is GenericSighting:
+                proto = self.protos.get(e[1].exact_signature())
+                if proto is None:
+                    return None
+                e = (e[0], proto, e[2])
+            out.append(e)
+        return out
+
+    def _plan_generic(self, period: int) -> None:
+        """A period repeated by size-erased keys: its two sightings become a generic trace once
+        the second one ends where a trace should: at a sync point when the step has one,
+        else at the quietest cut (as _adopt rotates an exact period)."""
         entries = list(self.history)[-2 * period:]
         if len(entries) < 2 * period:
             return
+        window = entries[period:]
+        barriers = [i for i, e in enumerate(window) if e[1].barrier]
+        if barriers:
+            # The next sync point one period after the last one: the entries till then.
+            wait = barriers[-1] + 1 if barriers[-1] < period - 1 else 0
+        else:
+            wait = _quietest_cut(entries, period)
+        self._generic_wait = (period, wait)
+
+    def _adopt_generic(self, period: int) -> None:
+        """Note [Shape-generic traces]: the last two periods (the same by size-erased keys) as
+        generic traces, split at sync points."""
+        entries = list(self.history)[-2 * period:]
+        if len(entries) < 2 * period:
+            return
+        first, second = entries[:period], entries[period:]
+        if any(a[1].barrier != b[1].barrier for a, b in zip(first, second)):
+            return
+        runs, start = [], 0
+        for i, e in enumerate(second + [None]):
+            if e is None or e[1].barrier:
+                runs.append((start, i))
+                start = i + 1
+        minimum = self.config.min_trace_len_between_syncs if len(runs) > 1 else self.config.min_trace_len
+        adopted = None
+        for lo, hi in runs:
+            if hi - lo < minimum or all(e[2] is _MATCHED for e in second[lo:hi]):
+                continue  # too short, or a cached trace covers it already
+            n = -(-(hi - lo) // self.config.max_trace_len)  # as _cache_unit splits long units
+            size = -(-(hi - lo) // n)
+            for at in range(lo, hi, size):
+                end = min(at + size, hi)
+                trace = build_generic_trace(first[at:end], second[at:end])
+                if trace is None:
+                    continue
+                if trace.key in self.cache:
+                    continue
+                self.cache.add(trace)
+                self.counters.generic_traces += 1
+                adopted = adopted or trace
+                self._pause_after = max(self._pause_after, 4 * (hi - lo))
+                self._drop_superseded(second[at:end], len(trace))
+        if adopted is not None and len(runs) == 1 and (self.pending is None or len(self.pending.trace) < len(adopted)):
+            # The stream is at its start now. (Not while a longer trace is matched: a unit
+            # repeating inside it, as rotary embeddings do for queries and keys, must not cut it.)
+            self._enter_at = (adopted, self.position)
+
+    def _adopt(self, period: int) -> None:
+        """The last `period` ops repeated: cache them as traces (split at sync points)."""
+        recent = list(self.history)[-2 * period:]
+        entries = self._exact_entries(recent)
+        if entries is None or len(entries) < 2 * period:
+            return
+        generic = {e[0] for e in recent if type(e[1]) is GenericSighting}
         window = entries[period:]
         barriers = [i for i, e in enumerate(window) if e[1].barrier]
         if barriers:
@@ -631,12 +770,16 @@ class AdaptiveExecutor(Executor):
                 continue
             if _repeats_shorter_unit(seg, minimum):
                 continue  # k copies of a shorter unit: that unit's trace covers it
+            if all(e[0] in generic for e in seg):
+                continue  # a generic trace matched all of it: an exact one would serve these sizes only
             traces = self._cache_unit(seg)
             if traces is None:
                 continue
+            self._drop_superseded(recent, len(seg))
             self._pause_after = max(self._pause_after, 4 * len(seg))
-            if not barriers:
+            if not barriers and (self.pending is None or len(self.pending.trace) <= len(seg)):
                 # The stream is periodic: the trace's first op comes `cut` ops from now.
+                # (Not while a longer trace is matched: the unit repeats inside it.)
                 self._enter_at = (traces[0], self.position + cut)
 
     def _cache_unit(self, seg) -> list[Trace] | None:
@@ -661,6 +804,14 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+
+
+class _Matched(tuple):
+    """The producers of an op a cached trace matched, in the history: none known (as ()),
+    and telling the history that a trace covers it."""
+
+
+_MATCHED = _Matched()
 
 
 def _fused_range(p: Pending):

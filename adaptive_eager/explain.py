@@ -28,11 +28,14 @@ class TraceSummary:
     first_op: str
     last_op: str
     starts_at: str | None = None  # the user's source line of the first op (once matched)
+    # Sizes that change from match to match (Note [Shape-generic traces]); 0: an exact trace.
+    sizes: int = 0
 
     def __str__(self) -> str:
         where = f"  starts at {self.starts_at}" if self.starts_at else ""
+        generic = f"  shape-generic ({self.sizes} changing sizes)" if self.sizes else ""
         return (f"trace {self.id:>4}: {self.length:>5} ops  hits {self.hits:>5}  "
-                f"divergences {self.divergences:>4}  {self.first_op} ... {self.last_op}{where}")
+                f"divergences {self.divergences:>4}  {self.first_op} ... {self.last_op}{generic}{where}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +84,7 @@ def _cached_traces(cache) -> list:
 def _summary(trace) -> TraceSummary:
     return TraceSummary(id=trace.id, length=len(trace), hits=trace.hits, divergences=trace.divergences,
                         first_op=trace.protos[0].name, last_op=trace.protos[-1].name,
-                        starts_at=trace.sources[0])
+                        starts_at=trace.sources[0], sizes=trace.nsyms)
 
 
 def _render(e: Explanation) -> list[str]:

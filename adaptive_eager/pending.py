@@ -15,6 +15,7 @@ class Pending:
         self.pos = 0  # next op expected
         self.done = 0  # ops already launched (a sync mid-trace launches the prefix)
         self.positions: list[int] = []  # stream position of each matched op
+        self.syms: list = [None] * trace.nsyms  # a generic trace's sizes, as this match binds them
 
     def switch(self, trace: Trace) -> None:
         """Continue as a match of `trace`, whose first `pos` ops are this trace's (same

@@ -37,6 +37,7 @@ class OpProto:
     # matched, and shared by every such position: a matcher checks the signature alone, and
     # protos are interned by signature. (One per position cost ~10 KB per cached op.)
     matcher: object = None
+    erased: tuple | None = None  # (size-erased signature, its ints): generic.erase, once
 
     def __post_init__(self):
         self.name = self.info.name
@@ -174,6 +175,10 @@ class Trace:
         # The user's source line of each op, taken the first time the op is matched (one
         # stack walk per position, once): for errors in deferred launches and explain().
         self.sources: list = [None] * len(protos)
+        # Note [Shape-generic traces] (generic.py): positions matched by relating sizes, not
+        # comparing them; nsyms sizes bound per match (Pending.syms).
+        self.generic = False
+        self.nsyms = 0
 
     def __len__(self):
         return len(self.protos)

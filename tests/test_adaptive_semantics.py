@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import adaptive_eager
+from adaptive_eager import engine
 from adaptive_eager.mode import SWITCH
 from subproc import run_json
 
@@ -174,7 +175,7 @@ def test_signature_difference_names_the_first_argument_or_keyword_that_differs()
         "argument 0: expected f32[2, 3] neuron:0, got f32[3, 2]{stride=(1, 3)} neuron:0"
 
 
-def test_a_repeating_phase_after_shapes_that_never_repeat_is_fused():
+def test_a_repeating_phase_after_ops_that_never_repeat_is_fused():
     w = torch.ones(4).to("neuron")
 
     def step(n):
@@ -182,9 +183,13 @@ def test_a_repeating_phase_after_shapes_that_never_repeat_is_fused():
         y = (x * w + 1).relu().sum(0) * 0.5
         return y.tanh()
 
-    for n in range(1, 1200):  # every step new shapes: the engine backs off from recording
-        step(n)
-    assert SWITCH.adaptive._backoff > 0
+    def novel(n):  # lists of n tensors: every op is new even with its sizes erased
+        ys = torch._foreach_mul([w] * n, 2.0)
+        return torch._foreach_add(ys, 1.0)
+
+    for n in range(1, 400):  # the engine backs off from recording (each time longer)
+        novel(n)
+    assert SWITCH.adaptive._backoff_len > engine._NOVELTY_WINDOW
     for _ in range(1200):  # ~6000 ops at one shape: fused again within the longest backoff
         step(3)
     adaptive_eager.reset_stats()

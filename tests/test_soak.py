@@ -65,8 +65,9 @@ def test_a_long_adaptive_run_keeps_memory_flat_and_eagers_bits():
 
 
 def test_a_batch_size_that_never_settles_keeps_the_trace_cache_at_its_cap():
-    # 300 batch sizes, each for six steps (long enough to be cached as a trace): more traces
-    # than a cache of 64 holds, so it must evict, stay at its cap, and keep eager's bits.
+    # 300 batch sizes, each for six steps (long enough to be cached as a trace): more exact
+    # traces than a cache of 64 holds, so it must evict, stay at its cap, and keep eager's
+    # bits. (Shape-generic traces off: one of them would serve every batch size.)
     out = run_json("""
         import torch, test_soak
         from adaptive_eager.mode import SWITCH
@@ -76,5 +77,5 @@ def test_a_batch_size_that_never_settles_keeps_the_trace_cache_at_its_cap():
         eager = test_soak._train("eager", 1800, batch_of)
         emit({"cached": cached, "cap": SWITCH.adaptive.cache.maxsize, "losses": adaptive[0] == eager[0],
               "params": all(torch.equal(a, b) for a, b in zip(adaptive[1], eager[1]))})
-    """, env={"NEURON_TRACE_CACHE_SIZE": "64", "PYTHONPATH": os.path.dirname(__file__)})
+    """, env={"NEURON_TRACE_CACHE_SIZE": "64", "NEURON_GENERIC_TRACES": "0", "PYTHONPATH": os.path.dirname(__file__)})
     assert out == {"cached": 64, "cap": 64, "losses": True, "params": True}

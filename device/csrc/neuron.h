@@ -212,7 +212,14 @@ struct DeferPlan {  // how to hand out a deferred op's results
   c10::DeviceIndex device;
   std::vector<OutputSpec> outputs;  // the new (or undefined) outputs, in return order (lists flattened)
   std::vector<int64_t> list_lengths;  // per Tensor[] return
+  // A shape-generic trace's op: its outputs come from its shape function at issue
+  // (plan_from_meta); `outputs` and `list_lengths` are empty.
+  bool from_meta = false;
 };
+// meta_plan.cpp: the plan of one call from the op's shape function (Note [Plans from shape
+// functions]); nullptr when it has none or it raises.
+std::shared_ptr<const DeferPlan> plan_from_meta(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                                c10::DeviceIndex device);
 // The route decides for each op of a native tensor: true if it handled the op (ran it, or
 // queued it with enqueue), false to have the eager path run it. Empty: every op is eager.
 using OpRoute = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;

@@ -129,6 +129,17 @@ py::object results_to_python(const c10::FunctionSchema& schema, const torch::jit
   return std::move(out);
 }
 
+// The engine counted an op as queued that was not: it ends its match (engine.issue_failed).
+void tell_issue_failed(const char* reason) {
+  try {
+    if (g_issue_failed != nullptr && !g_issue_failed->is_none()) {
+      (*g_issue_failed)(reason);
+    }
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable(__func__);  // the op's own error, if any, is the one to raise
+  }
+}
+
 bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!Py_IsInitialized()) {
     return false;
@@ -158,22 +169,25 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
     return true;
   }
   if (py::isinstance<neuron::DeferPlan>(out)) {
+    std::shared_ptr<const neuron::DeferPlan> plan = out.cast<std::shared_ptr<neuron::DeferPlan>>();
+    if (plan->from_meta) {  // Note [Plans from shape functions] (meta_plan.cpp)
+      plan = neuron::plan_from_meta(op, *stack, plan->device);
+      if (!plan) {  // not deferred after all: the engine ends its match, and the op runs now
+        tell_issue_failed("no shape function");
+        neuron::run_eager(op, stack);
+        return true;
+      }
+    }
     if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
       // An output of the launch on the stream, perhaps: capture it once that launch made it.
       py::gil_scoped_release released;
       neuron::wait_for_stream();
     }
     try {
-      neuron::enqueue(op, stack, out.cast<std::shared_ptr<neuron::DeferPlan>>());
+      neuron::enqueue(op, stack, std::move(plan));
     } catch (...) {
       // The engine counted the op as queued: tell it the op raised instead (out of memory).
-      try {
-        if (g_issue_failed != nullptr && !g_issue_failed->is_none()) {
-          (*g_issue_failed)();
-        }
-      } catch (py::error_already_set& e) {
-        e.discard_as_unraisable(__func__);  // the op's own error is the one to raise
-      }
+      tell_issue_failed("out of memory");
       throw;
     }
     if (after) {
@@ -315,10 +329,16 @@ void bind_route(py::module_& m) {
   py::class_<neuron::DeferPlan, std::shared_ptr<neuron::DeferPlan>>(m, "DeferPlan")
       .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
            "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order; "
-           "None for an undefined one");
+           "None for an undefined one")
+      .def_static("from_meta", [](int64_t device) {
+        auto plan = std::make_shared<neuron::DeferPlan>();
+        plan->device = neuron::checked_device(device);
+        plan->from_meta = true;
+        return plan;
+      }, py::arg("device"), "a plan whose outputs the op's shape function gives at issue (Note [Plans from shape functions])");
   m.def("set_engine", &set_engine, py::arg("engine"), py::arg("issue_failed") = py::none(),
-        "engine(op, args, kwargs) gets every op of native tensors; None: none does. issue_failed() is "
-        "called when an op the engine deferred raised instead of being queued");
+        "engine(op, args, kwargs) gets every op of native tensors; None: none does. issue_failed(reason) is "
+        "called when an op the engine deferred was not queued: it raised (out of memory), or had no plan");
   // A storage's identity and size without making its Python object (which would hold a
   // reference to it: Note [Queued arguments count no references]).
   m.def("storage_of", [](const at::Tensor& t) {
