@@ -65,3 +65,42 @@ def test_generate_gives_cpus_tokens_in_eager_and_adaptive_mode(name, options):
         assert torch.equal(adaptive[call], cpu[call])
     # Fused decoding across tokens is issue 15's; adaptive mode never launches more than eager.
     assert adaptive_launches[1] <= eager_launches[1]
+
+
+class _LaunchesPerToken(transformers.LogitsProcessor):
+    """Marks adaptive_eager's launch count at each token's logits (a host-side hook: it reads
+    no device value, so it adds no sync point)."""
+
+    def __init__(self):
+        self.marks = []
+
+    def __call__(self, input_ids, scores):
+        self.marks.append(adaptive_eager.stats(wait=False).launches)
+        return scores
+
+    def per_token(self):
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_with_a_dynamic_cache_runs_at_most_two_launches_per_token(name, sampled):
+    """Issue 15: the DynamicCache grows a position per token, so no token's shapes repeat; a
+    shape-generic trace runs each token as one launch after a few, for prompts of any length."""
+    options = dict(do_sample=True, top_k=10) if sampled else dict(do_sample=False)
+    calls = []
+    for device, mode in (("cpu", "eager"), ("neuron", "adaptive")):
+        with adaptive_eager.mode(mode):
+            model = _model(name).to(device)
+            for length in (5, 7):  # a new prompt length: new sizes every token again
+                prompt = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+                counter = _LaunchesPerToken()
+                torch.manual_seed(7)
+                tokens = model.generate(prompt.to(device), max_new_tokens=24, pad_token_id=0,
+                                        logits_processor=transformers.LogitsProcessorList([counter]), **options)
+                calls.append((tokens.cpu(), counter.per_token()))
+    (cpu_5, _), (cpu_7, _), (neuron_5, launches_5), (neuron_7, launches_7) = calls
+    assert torch.equal(neuron_5, cpu_5) and torch.equal(neuron_7, cpu_7)
+    for launches in (launches_5, launches_7):
+        # per_token()[k]: the launches between the logits of tokens k+1 and k+2
+        assert max(launches[4:]) <= 2, launches
