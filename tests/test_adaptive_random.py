@@ -39,6 +39,7 @@ from adaptive_eager.mode import SWITCH
 
 N_PROGRAMS = 300
 SHAPE_PROGRAMS = 60
+GROWING_PROGRAMS = 40
 CHAIN_PROGRAMS = 30
 SHRINK_SECONDS = 20.0
 
@@ -439,15 +440,16 @@ class _Gen:
         ])
         return [f"{self.new(shape)} = {expr}"]
 
-    def changing_shape(self, setup: list[str]):
+    def changing_shape(self, setup: list[str], growing: bool = False):
         """Shapes that change every iteration in a regular way (issue 15): a cache grown by a row
         per iteration and read by attention over all of it (decoding's KV cache), and a length
-        that cycles (batches of varying length). Only values of a fixed shape enter the pool."""
+        that cycles (batches of varying length). Only values of a fixed shape enter the pool.
+        growing=True: the growing cache only."""
         r = self.rng
         x = self.as_m()
         tag = self.n_tmp
         self.n_tmp += 1
-        if r.random() < 0.5:
+        if growing or r.random() < 0.5:
             cache = f"kv{tag}"
             setup.append(f"{cache} = torch.zeros(0, 6, device='neuron')  # grows a row per iteration")
             row = r.choice([f"{x}[:1]", f"{x}[i % 4:i % 4 + 1] * lr"])
@@ -486,19 +488,28 @@ def generate(seed: int, style: str | None = None) -> Program:
     aliasing-flipping iterations, dropped references), so the engine must fuse it. style
     'shapes': a program with statements whose shapes change every iteration added first and
     last. (Only that style draws them: a seed's default program, FOUND_BY_SEARCH's included,
-    stays what it was.)"""
+    stays what it was.) style 'growing': a 'pure' body between two caches that grow a row
+    per iteration, so no iteration repeats an exact shape: a shape-generic trace must fuse it."""
+    growing = style == "growing"
+    style = "pure" if growing else style
     gen = _Gen(seed)
     r = gen.rng
     gen.reps = r.randint(3, 12) if style == "pure" else r.randint(2, 12)
+    if growing:
+        gen.reps = max(gen.reps, 6)  # two sightings, adoption, then iterations to fuse
     setup = gen.setup()
     if style != "pure" and r.random() < 0.1:
         gen.allow_swap()
     # Statements of changing shapes first read setup names only; the last ones, anything defined.
     first = [gen.changing_shape(setup) for _ in range(r.randint(0, 2))] if style == "shapes" else []
+    if growing:
+        first = [gen.changing_shape(setup, growing=True)]
     # A pure body has at least 4 statements: the engine's shortest trace is 4 ops (min_trace_len).
     body = [gen.statement(pure_only=style == "pure") for _ in range(r.randint(4 if style == "pure" else 3, 15))]
     if style == "shapes":
         body = first + body + [gen.changing_shape(setup) for _ in range(r.randint(1, 2))]
+    if growing:
+        body = first + body + [gen.changing_shape(setup, growing=True)]
     reps = gen.reps
     if style == "pure" and gen.uses_grad:
         reps = max(reps, 4)  # the first backward differs (no .grad yet): one more iteration to settle
@@ -670,6 +681,16 @@ def test_pure_repeating_program_matches_eager_and_fuses(seed):
 @pytest.mark.parametrize("seed", range(3000, 3000 + SHAPE_PROGRAMS))
 def test_program_whose_shapes_change_every_iteration_matches_eager(seed):
     check(generate(seed, style="shapes"))
+
+
+@pytest.mark.parametrize("seed", range(4000, 4000 + GROWING_PROGRAMS))
+def test_pure_program_whose_caches_grow_every_iteration_matches_eager_and_fuses(seed):
+    program = generate(seed, style="growing")
+    stats = check(program)
+    hits = sum(t.hits for t in adaptive_eager.explain().traces if t.sizes)
+    assert stats.fused_launches > 0 and hits > 0, (
+        f"a body whose shapes grow every iteration, repeated {program.reps} times without host reads, "
+        f"was never fused by a shape-generic trace (stats: {stats}):\n{program.source()}")
 
 
 # Programs outside CI's seed range that once differed, with what they found.

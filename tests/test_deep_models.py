@@ -139,14 +139,16 @@ def _eager_empty_loop():
         return x.cpu()
 
 
-def _train_with_saves(mode: str, steps: int = 16, save_at=(7, 11)):
+def _train_with_saves(mode: str, steps: int = 16, save_at=(7, 11), eval_at=()):
     """A loop that keeps each step's loss (a value of the step before, live across the cut) and
-    saves a checkpoint (host reads of every parameter) between some steps."""
+    saves a checkpoint (host reads of every parameter) between some steps, or evaluates (a
+    validation batch without gradients, its loss read) after some steps, outside the count."""
     torch.manual_seed(0)
     model = TinyGPT(4, vocab=16, dim=8, context=4).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     idx = torch.randint(0, 16, (2, 4), generator=torch.Generator().manual_seed(1)).to("neuron")
-    losses, launches = [], []
+    val = torch.randint(0, 16, (3, 4), generator=torch.Generator().manual_seed(2)).to("neuron")
+    losses, launches, val_losses = [], [], []
     with adaptive_eager.mode(mode):
         for step in range(steps):
             before = adaptive_eager.stats(wait=False).launches
@@ -159,12 +161,25 @@ def _train_with_saves(mode: str, steps: int = 16, save_at=(7, 11)):
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, io.BytesIO())
             torch.neuron.synchronize()
             launches.append(adaptive_eager.stats().launches - before)
-    return [float(x) for x in losses], [p.detach().cpu() for p in model.parameters()], launches
+            if step in eval_at:
+                model.eval()
+                with torch.no_grad():
+                    for _ in range(3):  # an eval phase repeats too: it may get traces of its own
+                        val_losses.append(F.cross_entropy(model(val).view(-1, 16), val.view(-1)).item())
+                model.train()
+    return [float(x) for x in losses] + val_losses, [p.detach().cpu() for p in model.parameters()], launches
 
 
 def test_a_checkpoint_saved_between_steps_leaves_the_next_steps_at_one_launch():
     # Issue 15's recovery: after an interruption the next step is back at its steady launches,
     # its trace starting where the step starts (the issue saw a whole step run unfused after a save).
     eager, adaptive = _train_with_saves("eager"), _train_with_saves("adaptive")
+    _assert_bitwise(eager, adaptive)
+    assert adaptive[2][WARMUP:] == [1] * (16 - WARMUP), adaptive[2]
+
+
+def test_an_eval_phase_between_steps_leaves_the_next_steps_at_one_launch():
+    eager = _train_with_saves("eager", save_at=(), eval_at=(6, 7, 11))
+    adaptive = _train_with_saves("adaptive", save_at=(), eval_at=(6, 7, 11))
     _assert_bitwise(eager, adaptive)
     assert adaptive[2][WARMUP:] == [1] * (16 - WARMUP), adaptive[2]
