@@ -18,6 +18,7 @@ launch-overhead setting. Compare ratios, not absolute times (shared, noisy machi
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 
@@ -248,18 +249,19 @@ HF_DECODE_TOKENS = 8
 
 def _hf_decode(device, mode):
     """Hugging Face GPT-2 (2 layers, width 32) generate(), greedy, default DynamicCache: one
-    step is one call of HF_DECODE_TOKENS new tokens from the same prompt, the cache growing a
-    position per token. Shapes change token to token but repeat call to call, so adaptive mode
-    replays one trace per token position; a new prompt length every call would not repeat
-    (issue 15's shape-generic traces)."""
+    step is one call of HF_DECODE_TOKENS new tokens from a prompt whose length changes call to
+    call, the cache growing a position per token. No token's shapes ever repeat exactly:
+    adaptive mode runs each token as one launch of a shape-generic trace (issue 15)."""
     transformers = pytest.importorskip("transformers", reason="hf-decode needs the clients extra: "
                                        "pip install -e '.[clients]'")
     transformers.logging.set_verbosity_error()
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2)).to(device).eval()
-    prompt = _data(1, 6, high=64).to(device)
+    prompts = [_data(1, n, high=64).to(device) for n in (6, 9, 7, 10, 8)]
+    calls = itertools.count()
 
     def step():
+        prompt = prompts[next(calls) % len(prompts)]
         return model.generate(prompt, max_new_tokens=HF_DECODE_TOKENS, do_sample=False, pad_token_id=0)
     return step
 
