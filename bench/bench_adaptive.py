@@ -1,5 +1,6 @@
 """Adaptive mode on a stream that never repeats (issue 3: it must degrade to eager, at
-most 10% above it): CPU eager, neuron eager, neuron adaptive in one benchmark group.
+most 10% above it), and on one whose sizes change every step (issue 15: one shape-generic
+trace fuses it): CPU eager, neuron eager, neuron adaptive in one benchmark group each.
 The training-loop comparisons are in bench_workloads.py.
 
 Compare ratios, not absolute times (shared, noisy machines).
@@ -16,7 +17,22 @@ TARGETS = ["cpu", "neuron-eager", "neuron-adaptive"]
 
 
 def _never_repeating_steps(device: str, steps: int):
-    """An MLP trained on a batch size that changes every step: no exact trace can match."""
+    """Each step updates the first n parameters of a list with foreach ops, n one more each
+    step: every op is new, even with its sizes erased (a list's length is structure)."""
+    params = [torch.ones(4, device=device) for _ in range(steps)]
+
+    def run():
+        for n in range(1, steps + 1):
+            grads = torch._foreach_mul(params[:n], 0.5)
+            torch._foreach_add_(params[:n], grads, alpha=-0.01)
+        if device == "neuron":
+            torch.neuron.synchronize()
+    return run
+
+
+def _changing_batch_steps(device: str, steps: int):
+    """An MLP trained on a batch size that changes every step: no exact trace can match, one
+    shape-generic trace serves every step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
     opt = torch.optim.AdamW(model.parameters())
@@ -33,19 +49,30 @@ def _never_repeating_steps(device: str, steps: int):
     return run
 
 
-@pytest.mark.benchmark(group="never-repeating: 400 steps, batch size changes every step")
-@pytest.mark.parametrize("target", TARGETS)
-def test_never_repeating_stream(benchmark, target):
-    """Adaptive mode must degrade to eager: at most 10% above it (issue 3)."""
+def _run_once(benchmark, target: str, build) -> None:
     device = "cpu" if target == "cpu" else "neuron"
     mode = "adaptive" if target == "neuron-adaptive" else "eager"
     with adaptive_eager.mode(mode):
         adaptive_eager.reset_stats()
-        benchmark.pedantic(_never_repeating_steps(device, 400), rounds=1, iterations=1)
+        benchmark.pedantic(build(device, 400), rounds=1, iterations=1)
         if device == "neuron":
             s = adaptive_eager.stats()
             benchmark.extra_info.update(mode=mode, ops=s.ops, launches=s.launches,
                                         fused_launches=s.fused_launches)
+
+
+@pytest.mark.benchmark(group="never-repeating: 400 steps, every op new even with sizes erased")
+@pytest.mark.parametrize("target", TARGETS)
+def test_never_repeating_stream(benchmark, target):
+    """Adaptive mode must degrade to eager: at most 10% above it (issue 3)."""
+    _run_once(benchmark, target, _never_repeating_steps)
+
+
+@pytest.mark.benchmark(group="changing shapes: 400 steps, batch size changes every step")
+@pytest.mark.parametrize("target", TARGETS)
+def test_batch_size_changing_every_step(benchmark, target):
+    """One shape-generic trace fuses every step (issue 15)."""
+    _run_once(benchmark, target, _changing_batch_steps)
 
 
 SMALL_OPS_PER_STEP = 32
