@@ -186,7 +186,7 @@ def build_generic_trace(first, second) -> Trace | None:
         # with a changing size asks its shape function, at issue (a Python one, as layer
         # norm's, costs milliseconds).
         fixed = not any(x[0] == "sym" for x in spec) and getattr(b, "fixed_plan", True)
-        plan = b.plan if fixed else native.DeferPlan.from_meta(b.device)
+        plan = b.plan if fixed else native.DeferPlan.from_meta(b.device, _checked_pointwise_dtype(a, b))
         protos.append(GenericProto(b.info, ("generic", erased_b, spec), (erased_b, None), b.args_t, b.kwargs_t,
                                    spec, b.device, plan, getattr(b, "source", b.signature), fixed))
         inputs.append(tuple(None if p is None or p[0] < start else (p[0] - start, p[1]) for p in producers))
@@ -198,6 +198,47 @@ def build_generic_trace(first, second) -> Trace | None:
     for proto in protos:
         proto.trace = trace  # a GenericSighting's way to the trace that matched it
     return trace
+
+
+def _meta_inputs(signature) -> list:
+    """The tensors of a recorded call, rebuilt as meta tensors (CPU scalars as CPU 0-dim ones)."""
+    found = []
+
+    def walk(key):
+        if _is_tensor_key(key):
+            shape, stride, offset, dtype, _ = key
+            span = 1 + offset + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0)
+            found.append(torch.empty(span, dtype=dtype, device="meta").as_strided(shape, stride, offset))
+        elif isinstance(key, tuple) and len(key) == 2 and key[0] is CPU_SCALAR:
+            found.append(torch.zeros((), dtype=key[1]))
+        elif type(key) is tuple:
+            for k in key:
+                walk(k)
+
+    _, arg_keys, kw_keys = signature
+    walk(arg_keys)
+    walk(tuple(k for _, k in kw_keys))
+    return found
+
+
+def _checked_pointwise_dtype(a, b):
+    """The dtype of an elementwise op's one output if TensorIterator's geometry (Note
+    [Pointwise shape functions] in meta_plan.cpp) is what both recorded runs made, else None."""
+    if torch.Tag.pointwise not in b.info.op.tags or type(a) is not type(b) or not hasattr(a, "out_specs"):
+        return None
+    if len(a.out_specs) != 1 or len(b.out_specs) != 1 or len(b.info.op._schema.returns) != 1:
+        return None
+    for run in (a, b):
+        spec = run.out_specs[0]
+        if spec[0] != "new":
+            return None
+        try:
+            sizes, strides, offset = native.pointwise_geometry(_meta_inputs(run.signature), spec[4])
+        except Exception:
+            return None
+        if (tuple(sizes), tuple(strides), offset) != (tuple(spec[1]), tuple(spec[2]), spec[3]):
+            return None  # clone's memory format, masked_fill's contiguous copy: its own shape function
+    return b.out_specs[0][4]
 
 
 # -- the matcher of a generic position ---------------------------------------------------------

@@ -47,6 +47,7 @@ adopt = _C.adopt
 # the adaptive engine's route and queue on native tensors (csrc/queue.cpp, csrc/route.cpp)
 RUN_EAGER = _C.RUN_EAGER
 DeferPlan = _C.DeferPlan
+pointwise_geometry = _C.pointwise_geometry
 set_engine = _C.set_engine
 set_host_sync = _C.set_host_sync
 offer = _C.offer

@@ -189,3 +189,25 @@ def test_sizes_that_change_in_no_regular_way_still_fuse_with_eagers_bits():
     adaptive = _train_varying("adaptive", lengths)
     assert adaptive[0] == eager[0] and all(torch.equal(a, b) for a, b in zip(adaptive[1], eager[1]))
     assert adaptive[2][WARMUP:] == [1] * (len(lengths) - WARMUP), adaptive[2]
+
+
+def test_outputs_of_a_generic_trace_have_eagers_strides():
+    # Their geometry comes from shape functions at issue: TensorIterator's for elementwise ops
+    # checked against the recorded runs, the op's own otherwise (clone to contiguous, masked_fill).
+    def run(mode):
+        strides = []
+        with adaptive_eager.mode(mode):
+            w = torch.ones(1, device="neuron")
+            for n in range(2, 12):
+                x = (torch.ones(4, n, device="neuron") * w).t()  # (n, 4), strides (1, n)
+                a = (x * 2).exp()  # elementwise: keeps x's layout
+                b = (x + 1).contiguous()  # a copy to contiguous strides
+                c = x.masked_fill(x > 5, 0.0)
+                d = torch.cat([a, b]).sum(0)
+                strides.append([t.stride() for t in (a, b, c, d)])
+                torch.neuron.synchronize()
+        return strides
+
+    eager, adaptive = run("eager"), run("adaptive")
+    assert adaptive == eager
+    assert any(t.sizes and t.hits for t in adaptive_eager.explain().traces)

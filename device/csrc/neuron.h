@@ -215,11 +215,16 @@ struct DeferPlan {  // how to hand out a deferred op's results
   // A shape-generic trace's op: its outputs come from its shape function at issue
   // (plan_from_meta); `outputs` and `list_lengths` are empty.
   bool from_meta = false;
+  // ... and for an elementwise op, the dtype its output has: its geometry is TensorIterator's
+  // (Note [Pointwise shape functions]). Undefined: its own shape function.
+  at::ScalarType pointwise_dtype = at::ScalarType::Undefined;
 };
 // meta_plan.cpp: the plan of one call from the op's shape function (Note [Plans from shape
 // functions]); nullptr when it has none or it raises.
 std::shared_ptr<const DeferPlan> plan_from_meta(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                                c10::DeviceIndex device);
+                                                const DeferPlan& generic);
+// The output of an elementwise op on these inputs (meta tensors), as TensorIterator makes it.
+at::Tensor pointwise_output(const std::vector<at::Tensor>& inputs, at::ScalarType dtype);
 // The route decides for each op of a native tensor: true if it handled the op (ran it, or
 // queued it with enqueue), false to have the eager path run it. Empty: every op is eager.
 using OpRoute = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;

@@ -171,7 +171,7 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
   if (py::isinstance<neuron::DeferPlan>(out)) {
     std::shared_ptr<const neuron::DeferPlan> plan = out.cast<std::shared_ptr<neuron::DeferPlan>>();
     if (plan->from_meta) {  // Note [Plans from shape functions] (meta_plan.cpp)
-      plan = neuron::plan_from_meta(op, *stack, plan->device);
+      plan = neuron::plan_from_meta(op, *stack, *plan);
       if (!plan) {  // not deferred after all: the engine ends its match, and the op runs now
         tell_issue_failed("no shape function");
         neuron::run_eager(op, stack);
@@ -330,12 +330,19 @@ void bind_route(py::module_& m) {
       .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
            "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order; "
            "None for an undefined one")
-      .def_static("from_meta", [](int64_t device) {
+      .def_static("from_meta", [](int64_t device, std::optional<at::ScalarType> pointwise_dtype) {
         auto plan = std::make_shared<neuron::DeferPlan>();
         plan->device = neuron::checked_device(device);
         plan->from_meta = true;
+        plan->pointwise_dtype = pointwise_dtype.value_or(at::ScalarType::Undefined);
         return plan;
-      }, py::arg("device"), "a plan whose outputs the op's shape function gives at issue (Note [Plans from shape functions])");
+      }, py::arg("device"), py::arg("pointwise_dtype") = py::none(),
+      "a plan whose outputs the op's shape function gives at issue (Note [Plans from shape functions]); "
+      "pointwise_dtype: an elementwise op's, TensorIterator's geometry (Note [Pointwise shape functions])");
+  m.def("pointwise_geometry", [](const std::vector<at::Tensor>& inputs, at::ScalarType dtype) {
+    const at::Tensor out = neuron::pointwise_output(inputs, dtype);
+    return py::make_tuple(out.sizes().vec(), out.strides().vec(), out.storage_offset());
+  }, py::arg("inputs"), py::arg("dtype"), "(sizes, strides, offset) of an elementwise op's output on these meta inputs");
   m.def("set_engine", &set_engine, py::arg("engine"), py::arg("issue_failed") = py::none(),
         "engine(op, args, kwargs) gets every op of native tensors; None: none does. issue_failed(reason) is "
         "called when an op the engine deferred was not queued: it raised (out of memory), or had no plan");
