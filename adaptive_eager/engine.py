@@ -720,6 +720,11 @@ class AdaptiveExecutor(Executor):
         for lo, hi in runs:
             if hi - lo < minimum or all(e[2] is _MATCHED for e in second[lo:hi]):
                 continue  # too short, or a cached trace covers it already
+            if _erased_repeats(second[lo:hi]):
+                # k copies of one shorter unit by erased keys (32 `x.add_(i)` with i = 0..31):
+                # only the ints of arguments changed, and the whole step, an exact unit, is
+                # what repeats. A generic trace of 4 would cut it into 8 launches.
+                continue
             n = -(-(hi - lo) // self.config.max_trace_len)  # as _cache_unit splits long units
             size = -(-(hi - lo) // n)
             for at in range(lo, hi, size):
@@ -824,6 +829,13 @@ def _fused_range(p: Pending):
         name = fused_range_name(trace.id, end - start)
     return profile_range(name, trace=trace.id, ops=end - start,
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
+
+
+def _erased_repeats(seg) -> bool:
+    """True if the segment's size-erased keys are several copies of a shorter sequence."""
+    keys = [(e[1].proto.erased if type(e[1]) is GenericSighting else e[1].erased or erase(e[1]))[0] for e in seg]
+    n = len(keys)
+    return any(n % q == 0 and all(keys[i] == keys[i - q] for i in range(q, n)) for q in range(1, n // 2 + 1))
 
 
 def _repeats_shorter_unit(seg, minimum: int) -> bool:
