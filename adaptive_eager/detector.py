@@ -68,6 +68,10 @@ class PeriodDetector:
                                 for q, r in runs.items())]
         return max(primitive) if primitive else None
 
+    def longest_run(self) -> int:
+        """The longest run of any live candidate period: how long the stream has repeated."""
+        return max(self._runs.values(), default=0)
+
     def forget(self) -> None:
         """Drop every live run (after a disruption the stream must repeat afresh)."""
         self._runs = {}

@@ -59,6 +59,7 @@ _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _st
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
+_SHAPES_REPEATING = 16  # ops repeated by size-erased keys before new sizes stop counting as novelty
 
 
 class EngineCounters:
@@ -613,9 +614,11 @@ class AdaptiveExecutor(Executor):
         proto = self.protos.get(rec.signature)
         if proto is None:
             proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs)
-            # New sizes of a known op sequence (a growing cache) are no novelty: the shape
-            # detector may still find it (Note [Shape-generic traces]).
-            self._count_novelty(erase(proto)[0] not in self.erased_ids)
+            # New sizes of a known op sequence that has been repeating (a growing cache) are
+            # no novelty: the shape detector is about to find it (Note [Shape-generic traces]).
+            # New sizes in an order that never repeats are, as ever.
+            self._count_novelty(erase(proto)[0] not in self.erased_ids
+                                or self.shape_detector.longest_run() < _SHAPES_REPEATING)
         else:
             self._count_novelty(False)
         return proto

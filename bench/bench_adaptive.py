@@ -7,6 +7,8 @@ Compare ratios, not absolute times (shared, noisy machines).
 
     python -m pytest bench/bench_adaptive.py -q --benchmark-only
 """
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,14 +19,18 @@ TARGETS = ["cpu", "neuron-eager", "neuron-adaptive"]
 
 
 def _never_repeating_steps(device: str, steps: int):
-    """Each step updates the first n parameters of a list with foreach ops, n one more each
-    step: every op is new, even with its sizes erased (a list's length is structure)."""
-    params = [torch.ones(4, device=device) for _ in range(steps)]
+    """Each step runs a few ops drawn at random on a batch size drawn at random: neither the
+    ops' order nor their sizes repeat, so no trace, exact or shape-generic, can match."""
+    rng = random.Random(0)
+    plan = [(rng.randint(4, 64), [rng.randrange(5) for _ in range(rng.randint(3, 9))]) for _ in range(steps)]
+    w = torch.randn(32, 32, generator=torch.Generator().manual_seed(0)).to(device)
+    table = [lambda x: x @ w, torch.relu, lambda x: x * 0.5, torch.tanh, lambda x: x + 1]
 
     def run():
-        for n in range(1, steps + 1):
-            grads = torch._foreach_mul(params[:n], 0.5)
-            torch._foreach_add_(params[:n], grads, alpha=-0.01)
+        for n, ops in plan:
+            x = torch.ones(n, 32, device=device)
+            for k in ops:
+                x = table[k](x)
         if device == "neuron":
             torch.neuron.synchronize()
     return run
@@ -61,7 +67,7 @@ def _run_once(benchmark, target: str, build) -> None:
                                         fused_launches=s.fused_launches)
 
 
-@pytest.mark.benchmark(group="never-repeating: 400 steps, every op new even with sizes erased")
+@pytest.mark.benchmark(group="never-repeating: 400 steps of random ops on random batch sizes")
 @pytest.mark.parametrize("target", TARGETS)
 def test_never_repeating_stream(benchmark, target):
     """Adaptive mode must degrade to eager: at most 10% above it (issue 3)."""

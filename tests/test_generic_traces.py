@@ -211,3 +211,18 @@ def test_outputs_of_a_generic_trace_have_eagers_strides():
     eager, adaptive = run("eager"), run("adaptive")
     assert adaptive == eager
     assert any(t.sizes and t.hits for t in adaptive_eager.explain().traces)
+
+
+def test_a_step_of_one_op_with_changing_ints_runs_as_one_exact_launch():
+    # 32 x.add_(i): by erased keys one op repeated, a 4-op generic trace would cut the step
+    # into 8 launches; the unit that repeats is the whole step.
+    x = torch.zeros(16, device="neuron")
+    launches = []
+    for _ in range(8):
+        before = adaptive_eager.stats(wait=False).launches
+        for i in range(32):
+            x.add_(i)
+        torch.neuron.synchronize()
+        launches.append(adaptive_eager.stats().launches - before)
+    assert launches[WARMUP:] == [1, 1, 1], launches
+    assert not any(t.sizes for t in adaptive_eager.explain().traces)
