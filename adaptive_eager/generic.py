@@ -33,7 +33,7 @@ from device import native
 from dispatch import OpInfo
 from dispatch.record import CPU_SCALAR, Slot, signature_difference
 
-from .compile import _define, _is_device_key, _is_tensor_key, _Source
+from .compile import Source, _is_device_key, _is_tensor_key, define, emit_call_checks
 from .trace import Trace
 
 _INT = object()  # where an int was, in a size-erased key
@@ -243,7 +243,7 @@ def _checked_pointwise_dtype(a, b):
 
 # -- the matcher of a generic position ---------------------------------------------------------
 
-def _check_int(src: _Source, expr: str, spec_iter) -> None:
+def _check_int(src: Source, expr: str, spec_iter) -> None:
     spec = next(spec_iter)
     if spec[0] == "const":
         src.emit(f"if {expr} != {spec[1]!r}: return None")
@@ -253,69 +253,34 @@ def _check_int(src: _Source, expr: str, spec_iter) -> None:
         src.emit(f"if {expr} != S[{spec[1]}]: return None")
 
 
-def _match_generic_value(src: _Source, expr: str, template, key, spec_iter) -> None:
-    if type(template) is Slot:
-        if _is_tensor_key(key):
-            shape, _, _, dtype, device = key
-            index = device.index if device.type == "neuron" else -1
-            d = src.const(dtype)
-            src.emit(f"v = {expr}")
-            src.emit(f"if not isinstance(v, TENSOR) or v.get_device() != {index} or v.dtype != {d} "
-                     f"or v.dim() != {len(shape)}: return None")
-            src.emit("sh = v.shape")
-            src.emit("st = v.stride()")
-            for i in range(len(shape)):
-                _check_int(src, f"sh[{i}]", spec_iter)
-            for i in range(len(shape)):
-                _check_int(src, f"st[{i}]", spec_iter)
-            _check_int(src, "v.storage_offset()", spec_iter)
-        elif isinstance(key, tuple) and len(key) == 2 and key[0] is CPU_SCALAR:
-            dtype = src.const(key[1])
-            src.emit(f"v = {expr}")
-            src.emit(f"if not isinstance(v, TENSOR) or not v.is_cpu or v.dim() != 0 or v.dtype != {dtype}: return None")
-        else:
-            cls = src.const(key if isinstance(key, type) else type(None))
-            src.emit(f"v = {expr}")
-            src.emit(f"if v.__class__ is not {cls}: return None")
-    elif type(template) in (list, tuple):
-        cls = "list" if type(template) is list else "tuple"
-        src.emit(f"v = {expr}")
-        src.emit(f"if v.__class__ is not {cls} or len(v) != {len(template)}: return None")
-        name = f"l{len(src.lines)}"
-        src.emit(f"{name} = v")
-        for i, (t, k) in enumerate(zip(template, key)):
-            _match_generic_value(src, f"{name}[{i}]", t, k, spec_iter)
-    elif type(template) is int:
-        src.emit(f"v = {expr}")
-        src.emit("if v.__class__ is not int: return None")
-        _check_int(src, "v", spec_iter)
-    else:  # a structural constant: keyed by value (bools apart from ints)
-        c = src.const(template)
-        cls = src.const(type(template))
-        src.emit(f"v = {expr}")
-        src.emit(f"if v.__class__ is not {cls} or v != {c}: return None")
-
-
 def compile_generic_matcher(proto: GenericProto):
     """match(args, kwargs, pending) -> True, or None; binds and checks the trace's symbols in
-    pending.syms."""
-    src = _Source()
-    _, arg_keys, kw_keys = proto.source
+    pending.syms. The same checks as an exact matcher's (compile.py), but for the ints: each
+    a constant, or a size bound at its symbol's first occurrence (_check_int)."""
+    src = Source()
     spec_iter = iter(proto.spec)
-    src.emit(f"if len(args) != {len(arg_keys)} or len(kwargs) != {len(kw_keys)}: return None")
+
+    def on_tensor(src: Source, expr: str, key) -> None:
+        shape, _, _, dtype, device = key
+        index = device.index if device.type == "neuron" else -1
+        d = src.const(dtype)
+        src.emit(f"v = {expr}")
+        src.emit(f"if not isinstance(v, TENSOR) or v.get_device() != {index} or v.dtype != {d} "
+                 f"or v.dim() != {len(shape)}: return None")
+        src.emit("sh = v.shape")
+        src.emit("st = v.stride()")
+        for i in range(len(shape)):
+            _check_int(src, f"sh[{i}]", spec_iter)
+        for i in range(len(shape)):
+            _check_int(src, f"st[{i}]", spec_iter)
+        _check_int(src, "v.storage_offset()", spec_iter)
+
     src.emit("S = p.syms")
-    for i, (t, k) in enumerate(zip(proto.args_t, arg_keys)):
-        _match_generic_value(src, f"args[{i}]", t, k, spec_iter)
-    for name, k in kw_keys:
-        src.emit(f"if {name!r} not in kwargs: return None")
-        if _is_device_key(k):
-            c = src.const(k)
-            src.emit(f"if kwargs[{name!r}] != {c}: return None")
-        else:
-            _match_generic_value(src, f"kwargs[{name!r}]", proto.kwargs_t[name], k, spec_iter)
+    emit_call_checks(src, proto.source, proto.args_t, proto.kwargs_t, on_tensor,
+                     lambda src, expr: _check_int(src, expr, spec_iter))
     assert next(spec_iter, None) is None, "the matcher and the erasure walk the ints apart"
     src.emit("return True")
-    return _define("match", "args, kwargs, p", src, TENSOR=torch.Tensor)
+    return define("match", "args, kwargs, p", src, TENSOR=torch.Tensor)
 
 
 # -- explain(): why a call did not fit ---------------------------------------------------------
