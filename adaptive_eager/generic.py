@@ -27,6 +27,7 @@ deployment spends per step.
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 
 from device import native
