@@ -146,7 +146,14 @@ struct Worker {
         launch = std::move(job);
         n = threads;
       }
-      at::set_num_threads(n);
+      // Note [The stream's intra-op threads]: the host's count, set only when it differs. A
+      // new thread already takes the host's from ATen's lazy init; at::set_num_threads also
+      // calls mkl_set_dynamic(false) for the whole process, after which MKL's VML ran a
+      // 2,048-element tanh on a thread team: 3-10x slower host kernels, in eager mode too,
+      // for the rest of the process.
+      if (at::get_num_threads() != n) {
+        at::set_num_threads(n);
+      }
       Outcome result;
       try {
         result.ran = run_launch(*launch, &result.failed);
