@@ -178,6 +178,10 @@ class AdaptiveExecutor(Executor):
         self._steady = 0
         self._pause_after = _MIN_PAUSE_AFTER
         self._max_pause_after = max(_MIN_PAUSE_AFTER, cfg.repeats * cfg.max_period)
+        # The longest stretch without a sync point since detection last resumed: no trace is
+        # longer, so a pause need not wait for more than a few of them (_resume_detection).
+        self._last_sync_at = 0
+        self._longest_unsynced = 0
         # Novelty backoff (see _count_novelty): ops left to run without recording.
         self._backoff = 0
         self._backoff_len = _NOVELTY_WINDOW
@@ -217,6 +221,7 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._flush("synchronize")
             self.pending = None
+            self._note_sync()
             if self._steady < self._pause_after:
                 # A cut of the stream, as a sync op is: in the history as a barrier, so a
                 # loop that synchronizes every step gets a trace that starts right after it
@@ -229,6 +234,7 @@ class AdaptiveExecutor(Executor):
         cut of the stream as a sync op is (Note [Sync points])."""
         with self._lock:
             self._flush(reason)
+            self._note_sync()
             if self._steady < self._pause_after:
                 self._advance(_HOST_ACCESS, ())
             else:
@@ -485,7 +491,13 @@ class AdaptiveExecutor(Executor):
             # Note [When detection pauses]: it paused too soon if this recurs every step (a
             # deep model's identical layers matched back to back, then its head diverging):
             # wait twice as long before the next pause, up to what the longest unit needs.
-            self._pause_after = min(2 * self._pause_after, self._max_pause_after)
+            # No unit is longer than the longest stretch between sync points: generate()
+            # reads the host every token and ends each call with a divergence, and doubling
+            # on that had detection never pause again (half the engine's cost per token).
+            unit = max(self._longest_unsynced, self.position - self._last_sync_at)
+            limit = max(_MIN_PAUSE_AFTER, min(self._max_pause_after, 2 * self.config.repeats * unit))
+            self._pause_after = min(2 * self._pause_after, limit)
+            self._longest_unsynced = 0
         self._steady = 0
 
     # -- launching ----------------------------------------------------------------------------
@@ -537,6 +549,10 @@ class AdaptiveExecutor(Executor):
         self.recent_flushes.append(f"{reason}: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
         self._launch(p)
 
+    def _note_sync(self) -> None:
+        self._longest_unsynced = max(self._longest_unsynced, self.position - self._last_sync_at)
+        self._last_sync_at = self.position
+
     def _raise_error(self) -> None:
         if self.error is not None:
             native.set_failure("", "", False)
@@ -546,6 +562,7 @@ class AdaptiveExecutor(Executor):
     # -- ops that run now -------------------------------------------------------------------
     def _sync_op(self, info, func, args, kwargs):
         self._flush(f"sync: {info.name}")
+        self._note_sync()
         self._raise_error()
         if self._steady < self._pause_after:
             try:
