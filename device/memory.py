@@ -48,10 +48,6 @@ class DeviceMemory:
     def num_ooms(self) -> int:
         return self._stat("num_ooms")
 
-    def reserve(self, nbytes: int) -> None:
-        """Raise torch.OutOfMemoryError if nbytes more would not fit."""
-        native.check_fits(self.index, nbytes)
-
     def reset_peak(self) -> None:
         native.reset_peak(self.index)
 

@@ -21,11 +21,6 @@ current_device = _C.current_device
 set_current_device = _C.set_current_device
 autograd_device_threads_may_run = _C.autograd_device_threads_may_run
 # memory
-charge = _C.charge
-release = _C.release
-check_fits = _C.check_fits
-resize_charge = _C.resize_charge
-uncharge = _C.uncharge
 memory_stats = _C.memory_stats
 reset_peak = _C.reset_peak
 set_memory_fraction = _C.set_memory_fraction

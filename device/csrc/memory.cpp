@@ -3,11 +3,10 @@
 //
 // Note [Device memory accounting]: the bytes of a neuron tensor live in host memory; the
 // device is charged for them from allocation until the last reference to the storage dies,
-// as on a real accelerator (views keep their base's bytes charged). Storages the C++
-// allocator makes are charged by it; storages made elsewhere (the Python executor's host
-// tensors) are charged by the Python accounting through charge/release. Either way the
-// numbers live here, once, under one lock per device, since deleters run on whichever
-// thread drops the last reference (autograd's worker threads included).
+// as on a real accelerator (views keep their base's bytes charged). Every neuron storage
+// comes from the C++ allocator or is adopted by it, and is charged by it. The numbers live
+// here, once, under one lock per device, since deleters run on whichever thread drops the
+// last reference (autograd's worker threads included).
 //
 // Note [Deferred outputs are charged at issue]: an op the adaptive engine defers hands out
 // its outputs at issue, with storages whose bytes its launch makes later. Eager mode would
@@ -260,7 +259,7 @@ void install_memory(const std::vector<int64_t>& capacities) {
   c10::SetAllocator(kNeuron, &g_allocator);
 }
 
-// Python's accounting (device/memory.py) of storages it made: the same numbers.
+// Raises unless nbytes more fit, counting nothing (the eager path, before it adopts host bytes).
 void check_fits(c10::DeviceIndex d, int64_t nbytes) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);
@@ -271,23 +270,6 @@ bool fits(c10::DeviceIndex d, int64_t nbytes) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);
   return m.allocated + nbytes <= m.limit;
-}
-
-void resize_charge(c10::DeviceIndex d, int64_t old_nbytes, int64_t new_nbytes) {
-  DeviceMemory& m = memory_of(d);
-  std::lock_guard<std::mutex> guard(m.lock);
-  const int64_t growth = new_nbytes - old_nbytes;
-  if (growth > 0) {
-    check_fits(m, d, growth);
-  }
-  add(m, growth);
-}
-
-void uncharge(c10::DeviceIndex d, int64_t nbytes) {
-  DeviceMemory& m = memory_of(d);
-  std::lock_guard<std::mutex> guard(m.lock);
-  m.allocated -= nbytes;
-  m.num_allocs--;
 }
 
 MemoryStats memory_stats(c10::DeviceIndex d) {

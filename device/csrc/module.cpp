@@ -82,14 +82,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_current_device", &neuron::set_current_device);
   m.def("device_count", []() { return static_cast<int64_t>(neuron::device_count()); });
   // memory (Note [Device memory accounting])
-  m.def("charge", [](int64_t d, int64_t nbytes, bool check) { neuron::charge(index_of(d), nbytes, check); },
-        py::arg("d"), py::arg("nbytes"), py::arg("check") = true);
-  m.def("release", [](int64_t d, int64_t nbytes) { neuron::release(index_of(d), nbytes); });
-  m.def("check_fits", [](int64_t d, int64_t nbytes) { neuron::check_fits(index_of(d), nbytes); });
-  m.def("resize_charge", [](int64_t d, int64_t old_nbytes, int64_t new_nbytes) {
-    neuron::resize_charge(index_of(d), old_nbytes, new_nbytes);
-  });
-  m.def("uncharge", [](int64_t d, int64_t nbytes) { neuron::uncharge(index_of(d), nbytes); });
   m.def("memory_stats", &memory_stats);
   m.def("autograd_device_threads_may_run", &neuron::autograd_device_threads_may_run,
         "whether C++ autograd may have started its neuron device threads (the guard's setDevice ran)");

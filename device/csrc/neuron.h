@@ -53,10 +53,6 @@ void install_memory(const std::vector<int64_t>& capacities);
 // Raises torch.OutOfMemoryError unless nbytes more fit (counting nothing).
 void check_fits(c10::DeviceIndex d, int64_t nbytes);
 bool fits(c10::DeviceIndex d, int64_t nbytes);  // whether nbytes more fit, without raising
-// A charged storage changed size in place (resize_): charge the difference.
-void resize_charge(c10::DeviceIndex d, int64_t old_nbytes, int64_t new_nbytes);
-// Undoes a charge without counting a free (the storage is charged another way from now on).
-void uncharge(c10::DeviceIndex d, int64_t nbytes);
 struct MemoryStats {
   int64_t capacity, limit, allocated, peak, num_allocs, num_frees, num_ooms;
 };
