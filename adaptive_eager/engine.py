@@ -49,8 +49,8 @@ from dispatch.record import OpRecord, signature_difference, user_source_line
 from .compile import compile_matcher
 from .config import EngineConfig
 from .detector import PeriodDetector
-from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase, erase_key,
-                      generic_difference)
+from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
+                      erased_signature, generic_difference)
 from .pending import Pending, launch_error
 from .trace import Trace, build_proto, build_trace, output_slots
 
@@ -634,7 +634,7 @@ class AdaptiveExecutor(Executor):
             # New sizes of a known op sequence that has been repeating (a growing cache) are
             # no novelty: the shape detector is about to find it (Note [Shape-generic traces]).
             # New sizes in an order that never repeats are, as ever.
-            self._count_novelty(erase(proto)[0] not in self.erased_ids
+            self._count_novelty(erased_signature(proto) not in self.erased_ids
                                 or self.shape_detector.longest_run() < _SHAPES_REPEATING)
         else:
             self._count_novelty(False)
@@ -657,7 +657,7 @@ class AdaptiveExecutor(Executor):
                 self.key_ids.clear()
                 self.protos.clear()
             key = self.key_ids[signature] = len(self.key_ids)
-        erased = (proto.erased or erase(proto))[0]
+        erased = erased_signature(proto)
         shape_key = self.erased_ids.get(erased)
         if shape_key is None:
             if len(self.erased_ids) > 100_000:
@@ -745,10 +745,9 @@ class AdaptiveExecutor(Executor):
                 # only the ints of arguments changed, and the whole step, an exact unit, is
                 # what repeats. A generic trace of 4 would cut it into 8 launches.
                 continue
-            n = -(-(hi - lo) // self.config.max_trace_len)  # as _cache_unit splits long units
-            size = -(-(hi - lo) // n)
-            for at in range(lo, hi, size):
-                end = min(at + size, hi)
+            starts = _equal_parts(hi - lo, self.config.max_trace_len)  # as _cache_unit splits
+            for at in (lo + i for i in starts):
+                end = min(at + starts.step, hi)
                 trace = build_generic_trace(first[at:end], second[at:end])
                 if trace is None:
                     continue
@@ -810,9 +809,8 @@ class AdaptiveExecutor(Executor):
     def _cache_unit(self, seg) -> list[Trace] | None:
         """seg as cached traces: one, or, when it is longer than the longest trace, the fewest
         consecutive ones, of equal length. None if all are cached already."""
-        n = -(-len(seg) // self.config.max_trace_len)
-        size = -(-len(seg) // n)
-        traces = [build_trace(seg[i:i + size]) for i in range(0, len(seg), size)]
+        starts = _equal_parts(len(seg), self.config.max_trace_len)
+        traces = [build_trace(seg[i:i + starts.step]) for i in starts]
         if all(t.key in self.cache for t in traces):
             return None
         for t in traces:
@@ -851,11 +849,15 @@ def _fused_range(p: Pending):
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
 
 
+def _copies_of_shorter(keys: list, shortest: int) -> bool:
+    """True if keys are several copies of a sequence of at least `shortest` keys."""
+    n = len(keys)
+    return any(n % q == 0 and all(keys[i] == keys[i - q] for i in range(q, n)) for q in range(shortest, n // 2 + 1))
+
+
 def _erased_repeats(seg) -> bool:
     """True if the segment's size-erased keys are several copies of a shorter sequence."""
-    keys = [(e[1].proto.erased if type(e[1]) is GenericSighting else e[1].erased or erase(e[1]))[0] for e in seg]
-    n = len(keys)
-    return any(n % q == 0 and all(keys[i] == keys[i - q] for i in range(q, n)) for q in range(1, n // 2 + 1))
+    return _copies_of_shorter([erased_signature(e[1]) for e in seg], 1)
 
 
 def _repeats_shorter_unit(seg, minimum: int) -> bool:
@@ -863,12 +865,14 @@ def _repeats_shorter_unit(seg, minimum: int) -> bool:
 
     Ten training steps between two `item()` calls form one period of the stream, but the
     unit that repeats is the step."""
-    n = len(seg)
-    sigs = [e[1].signature for e in seg]
-    for q in range(minimum, n // 2 + 1):
-        if n % q == 0 and all(sigs[i] == sigs[i - q] for i in range(q, n)):
-            return True
-    return False
+    return _copies_of_shorter([e[1].signature for e in seg], minimum)
+
+
+def _equal_parts(length: int, longest: int) -> range:
+    """Starts of the fewest equal parts of `length` ops, none longer than `longest` (the
+    last may be shorter): how a unit longer than the longest trace is split."""
+    size = -(-length // -(-length // longest))
+    return range(0, length, size)
 
 
 def _quietest_cut(entries, period: int) -> int:

@@ -71,6 +71,11 @@ def erase(proto) -> tuple[tuple, tuple]:
     return found
 
 
+def erased_signature(entry) -> tuple:
+    """The size-erased signature of a history entry's op (a proto, a sync op, a sighting)."""
+    return (entry.erased or erase(entry))[0]
+
+
 def _rebuild(erased, ints):
     """erase()'s inverse for one argument, given its ints (an iterator, in matcher order)."""
     if erased is _INT:
