@@ -211,18 +211,6 @@ bool holds_tensors(const IValue& v) {
   return element->kind() == c10::TypeKind::TensorType;
 }
 
-// A new list of v's element type, holding fn of each element.
-template <typename Fn>
-IValue map_list(const IValue& v, Fn fn) {
-  c10::List<IValue> list = v.toList();
-  c10::impl::GenericList out(list.elementType());
-  out.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    out.push_back(fn(list.get(i)));
-  }
-  return out;
-}
-
 // Where an item of a HostCall vector is, by a key derived from it: the vector itself searched
 // linearly while short (an op has a handful of arguments, and this runs per op: no allocation),
 // a hash map of it, caught up lazily, once long (a foreach op over every parameter of a deep
@@ -334,7 +322,7 @@ struct HostCall {
     if (v.isList() && holds_tensors(v)) {
       // A new list, never the caller's: a boxed List argument shares its elements with the
       // caller's c10::List (index's indices), which must keep its neuron tensors.
-      return map_list(v, [&](IValue e) { return arg_to_host(std::move(e), op); });
+      return map_list(v, [&](IValue e, size_t) { return arg_to_host(std::move(e), op); });
     }
     if (v.isDevice() && v.toDevice().type() == kNeuron) {
       target = checked_device(v.toDevice().has_index() ? v.toDevice().index() : current_device());
@@ -377,7 +365,7 @@ struct HostCall {
       return from_host(r, d);
     }
     if (v.isList() && holds_tensors(v)) {  // Tensor[], Tensor[][] (c10d)
-      return map_list(v, [&](IValue e) { return result_from_host(std::move(e), d, out_bytes); });
+      return map_list(v, [&](IValue e, size_t) { return result_from_host(std::move(e), d, out_bytes); });
     }
     return v;
   }

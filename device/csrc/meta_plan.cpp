@@ -57,22 +57,12 @@ IValue to_meta(const IValue& v) {
     return t.defined() && t.device().type() == kNeuron ? IValue(meta_like(t)) : v;
   }
   if (v.isList()) {
-    c10::List<IValue> list = v.toList();
-    c10::impl::GenericList out(list.elementType());
-    out.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      out.push_back(to_meta(list.get(i)));
-    }
-    return out;
+    return map_list(v, [](const IValue& e, size_t) { return to_meta(e); });
   }
   if (v.isDevice() && v.toDevice().type() == kNeuron) {
     return IValue(c10::Device(c10::kMeta));
   }
   return v;
-}
-
-bool is_tensor_list(const c10::TypePtr& type) {
-  return type->kind() == c10::TypeKind::ListType && type->containedType(0)->kind() == c10::TypeKind::TensorType;
 }
 
 OutputSpec spec_of(const at::Tensor& t) {

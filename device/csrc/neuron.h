@@ -193,6 +193,22 @@ void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor owning_host_alias(const at::Tensor& t);
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
 
+// A new list of v's element type holding fn(element, index) of each element of list v.
+template <typename Fn>
+c10::IValue map_list(const c10::IValue& v, Fn fn) {
+  c10::List<c10::IValue> list = v.toList();
+  c10::impl::GenericList out(list.elementType());
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    out.push_back(fn(list.get(i), i));
+  }
+  return out;
+}
+// Whether a schema type is Tensor[] (a return the plans hand out as a list).
+inline bool is_tensor_list(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::ListType && type->containedType(0)->kind() == c10::TypeKind::TensorType;
+}
+
 // queue.cpp: the route of ops to the adaptive engine, and the queue of the ops it defers
 // (Note [Deferred launches]).
 struct OutputSpec {  // a new output as the trace promises it

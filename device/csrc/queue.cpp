@@ -201,11 +201,6 @@ thread_local bool t_bypass = false;
 
 void update_held() { g_held.store(!g_queue.entries.empty() || g_error_waiting); }
 
-bool is_tensor_list(const c10::TypePtr& type) {
-  return type->kind() == c10::TypeKind::ListType &&
-         type->containedType(0)->kind() == c10::TypeKind::TensorType;
-}
-
 at::Tensor on_storage(c10::Storage storage, c10::DispatchKeySet keys, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
                       c10::IntArrayRef strides, int64_t offset) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, dtype);
@@ -241,13 +236,9 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
     return snapshot;
   }
   if (v.isList()) {
-    c10::List<IValue> list = v.toList();
-    c10::impl::GenericList out(list.elementType());
-    out.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      out.push_back(capture(list.get(i), written, entry, arg, static_cast<int64_t>(i)));
-    }
-    return out;
+    return map_list(v, [&](const IValue& e, size_t i) {
+      return capture(e, written, entry, arg, static_cast<int64_t>(i));
+    });
   }
   return v;
 }
