@@ -1,0 +1,204 @@
+"""nki.jit: a kernel, and how one call of it runs on the emulated NeuronCore.
+
+A call runs the kernel's Python body now, instruction by instruction, as the NKI simulator
+does (so `breakpoint()` inside a kernel stops with real tile values), on host tensors:
+every framework tensor argument becomes an HBM tensor over the same bytes (a kernel that
+writes an input writes the caller's tensor), and the HBM tensors the kernel returns come
+back as tensors of the caller's kind (torch or numpy). `kernel[g]` or `kernel[g0, g1]`
+launches an SPMD grid (with LNC=2, `kernel[2]`, one program per NeuronCore); programs run
+one after another, each with its own on-chip memory, and the modelled timeline places them
+on the logical device's NeuronCores.
+
+A call with `neuron` device tensors is handed to the runner the framework glue installs
+(`set_device_runner`, from dispatch/nki_kernels.py): this layer knows nothing of torch's
+devices beyond the CPU.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from . import dtypes as dt
+from .errors import NkiValidationError
+from .program import Launch, Program, running
+from .target import current_target
+from .tensor import SHARED_HBM, NkiTensor, Storage
+from .timeline import Timeline
+
+_device_runner = None
+_local = threading.local()
+
+
+class measuring:
+    """`with measuring() as m:` sums the modelled time of the kernels run inside the block
+    on this thread (how a custom op whose body calls kernels is priced)."""
+
+    def __enter__(self):
+        self.ns, self.kernels, self.timelines = 0.0, 0, []
+        self._saved = getattr(_local, "sink", None)
+        _local.sink = self
+        return self
+
+    def __exit__(self, *exc):
+        _local.sink = self._saved
+        return False
+
+    @property
+    def us(self) -> float:
+        return self.ns / 1000
+
+
+def set_device_runner(runner) -> None:
+    """Install the function that runs a kernel called with device (non-CPU) tensors:
+    runner(kernel, args, kwargs) -> result."""
+    global _device_runner
+    _device_runner = runner
+
+
+class Kernel:
+    """A @nki.jit kernel. Call it with torch tensors or numpy arrays; `kernel[grid](...)` for SPMD."""
+
+    def __init__(self, fn, grid: tuple[int, ...] = (), **options):
+        if not callable(fn):
+            raise TypeError(f"nki.jit decorates a kernel function, got {type(fn).__name__}")
+        self.fn = fn
+        self.grid = grid
+        self.options = options
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid) -> Kernel:
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        try:
+            grid = tuple(int(g) for g in grid)
+        except TypeError:
+            raise TypeError(f"kernel[...] takes the grid as ints (kernel[2] or kernel[4, 2]), got {grid!r}") from None
+        if not grid or any(g < 1 for g in grid):
+            raise ValueError(f"kernel[{grid}]: every grid dimension must be >= 1")
+        return Kernel(self.fn, grid, **self.options)
+
+    def __call__(self, *args, **kwargs):
+        if _device_runner is not None and _has_device_tensor(args, kwargs):
+            return _device_runner(self, args, kwargs)
+        return run(self, args, kwargs)[0]
+
+    def __repr__(self) -> str:
+        grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
+        return f"<nki kernel {self.fn.__qualname__}{grid}>"
+
+
+def jit(fn=None, **options):
+    """@nki.jit or @nki.jit(...): a kernel (options such as platform_target are accepted)."""
+    if fn is None:
+        return lambda f: Kernel(f, **options)
+    if isinstance(fn, Kernel):
+        return fn
+    return Kernel(fn, **options)
+
+
+def simulate(kernel):
+    """nki.simulate(kernel): the kernel run on the CPU; here every call is, so the same kernel."""
+    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+
+def _has_device_tensor(args, kwargs) -> bool:
+    """Any tensor for the runner: on a device, or a tensor subclass (a fake tensor of tracing)."""
+    return any(isinstance(x, torch.Tensor) and (x.device.type != "cpu" or type(x) not in (torch.Tensor, torch.nn.Parameter))
+               for x in pytree.tree_leaves((args, kwargs)))
+
+
+def logical_cores() -> int:
+    raw = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 2
+
+
+def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
+    """Run every program of the kernel's grid on host tensors; (result, timeline)."""
+    target = target or current_target()
+    grid = kernel.grid
+    programs = math.prod(grid) if grid else 1
+    cores = cores or min(programs, logical_cores())
+    timeline = Timeline(target, cores)
+    launch = Launch(grid, target, timeline, lnc=cores)
+    wrapped: dict[int, tuple[Storage, torch.Tensor, bool]] = {}
+    numpy_mode = [False]
+
+    def to_nki(x):
+        if isinstance(x, np.ndarray):
+            numpy_mode[0] = True
+            x = torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(x.copy())
+        if isinstance(x, torch.Tensor):
+            return _hbm_tensor(x, wrapped)
+        return x
+
+    n_args, n_kwargs = pytree.tree_map(to_nki, (args, kwargs))
+    result = None
+    for linear in range(programs):
+        ids = _unravel(linear, grid)
+        program = Program(launch, ids)
+        program.core = linear % cores
+        with running(program):
+            out = kernel.fn(*n_args, **n_kwargs)
+        if linear == 0:
+            result = out
+    sink = getattr(_local, "sink", None)
+    if sink is not None:
+        sink.ns += timeline.total_ns
+        sink.kernels += 1
+        sink.timelines.append(timeline)
+    return _from_nki(result, wrapped, numpy_mode[0]), timeline
+
+
+def _unravel(linear: int, grid: tuple[int, ...]) -> tuple[int, ...]:
+    ids = []
+    for g in reversed(grid):
+        ids.append(linear % g)
+        linear //= g
+    return tuple(reversed(ids))
+
+
+def _hbm_tensor(t: torch.Tensor, wrapped: dict) -> NkiTensor:
+    """An HBM NkiTensor over the bytes of a host tensor (no copy)."""
+    if t.device.type != "cpu":
+        raise TypeError(f"an NKI kernel takes CPU or neuron tensors, got one on {t.device}")
+    if t.numel() == 0:
+        raise NkiValidationError(f"kernel argument of shape {tuple(t.shape)} is empty: NKI tensors have positive sizes")
+    if t.is_sparse or t.layout != torch.strided:
+        raise TypeError("an NKI kernel takes dense tensors")
+    dtype = dt.of_torch(t, what="kernel argument")
+    key = (t.untyped_storage().data_ptr(), t.dtype)
+    entry = wrapped.get(key)
+    if entry is None:
+        n = t.untyped_storage().nbytes() // t.element_size()
+        flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+        storage = Storage(flat, dtype, SHARED_HBM, tuple(t.shape) or (1,), name="")
+        wrapped[key] = entry = (storage, [])
+    storage, originals = entry
+    originals.append(t)
+    shape = tuple(t.shape) or (1,)
+    strides = tuple(t.stride()) or (1,)
+    return NkiTensor(shape, dtype, storage, strides=strides, offset=t.storage_offset())
+
+
+def _from_nki(result, wrapped: dict, numpy_mode: bool):
+    by_storage = {id(s): originals for s, originals in wrapped.values()}
+
+    def convert(x):
+        if not isinstance(x, NkiTensor):
+            return x
+        for original in by_storage.get(id(x.storage), ()):
+            if tuple(original.shape or (1,)) == x.shape and tuple(original.stride() or (1,)) == x.strides \
+                    and original.storage_offset() == x.offset:
+                return original.numpy() if numpy_mode else original
+        if x.on_chip:
+            raise NkiValidationError(f"a kernel returns HBM tensors; {x!r} is on chip: store it with dma_copy into an "
+                                     f"nl.ndarray(..., buffer=nl.shared_hbm) and return that")
+        view = x.torch_view()
+        return view.numpy() if numpy_mode else view
+
+    return pytree.tree_map(convert, result, is_leaf=lambda x: isinstance(x, NkiTensor))
