@@ -3,6 +3,8 @@
 `import adaptive_eager` (or just `import torch`, through torch's backend autoload) makes
 `.to('neuron')` work.
 """
+import os as _os
+
 import torch  # noqa: F401  (first: torch's backend autoload then finds us mid-import)
 
 from dispatch import register as _register
@@ -17,8 +19,14 @@ _register()
 from .stats import Stats, reset_stats, stats  # noqa: E402
 from .explain import Explanation, explain  # noqa: E402
 from dispatch.custom_kernels import custom_kernel, set_cost  # noqa: E402
+from dispatch.nki_kernels import nki_op  # noqa: E402
 
 _SWITCH.set(_default_mode)
+
+if _os.environ.get("ADAPTIVE_EAGER_NKI", "").strip().lower() in ("1", "true", "yes"):
+    from . import nki as _nki  # `import nki` gives the emulator's NKI (adaptive_eager.nki.install)
+
+    _nki.install()
 
 # Last, once the engine's modules are loaded: Note [Opaque to Dynamo]. Modules imported later
 # (the command line, dispatch.compile_backend) mark themselves or never run under Dynamo.
@@ -29,4 +37,4 @@ _hide_packages(("adaptive_eager", "dispatch", "device"), extra_modules=("_adapti
 __version__ = "0.1.0"
 
 
-__all__ = ["Explanation", "Stats", "custom_kernel", "explain", "get_mode", "mode", "reset_stats", "set_cost", "set_mode", "stats", "__version__"]
+__all__ = ["Explanation", "Stats", "custom_kernel", "explain", "get_mode", "mode", "nki_op", "reset_stats", "set_cost", "set_mode", "stats", "__version__"]

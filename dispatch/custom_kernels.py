@@ -30,6 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from device import native
+from device.nki import measuring
 
 from .classify import COST_HOOKS, classify, forget
 from .context import CONTEXT
@@ -93,14 +94,20 @@ def _on_host(fn, overload):
         runtime = CONTEXT.runtime
         index = runtime.current_index if device[0] < 0 else device[0]
         info = classify(overload)
-        if info.is_random:
-            with DefaultGeneratorLent(runtime.devices[index].generator):
+        with measuring() as kernels:
+            if info.is_random:
+                with DefaultGeneratorLent(runtime.devices[index].generator):
+                    out = fn(*host_args, **host_kwargs)
+            else:
                 out = fn(*host_args, **host_kwargs)
+        if kernels.kernels and info.cost_hook is None:
+            # Note [NKI kernels on neuron]: a body that ran NKI kernels costs their modelled time
+            runtime.launch(index, kernels.us)
         else:
-            out = fn(*host_args, **host_kwargs)
-        out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
-        dtype = next((t.dtype for t in pytree.tree_leaves((host_args, host_kwargs)) if isinstance(t, torch.Tensor)), None)
-        runtime.launch(index, priced_us(info, host_args, host_kwargs, out, in_bytes[0] + out_bytes, dtype))
+            out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+            dtype = next((t.dtype for t in pytree.tree_leaves((host_args, host_kwargs))
+                          if isinstance(t, torch.Tensor)), None)
+            runtime.launch(index, priced_us(info, host_args, host_kwargs, out, in_bytes[0] + out_bytes, dtype))
         return pytree.tree_map(lambda t: native.adopt(t, index) if isinstance(t, torch.Tensor) else t, out)
 
     kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"

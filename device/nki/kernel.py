@@ -196,7 +196,7 @@ def _from_nki(result, wrapped: dict, numpy_mode: bool):
                     and original.storage_offset() == x.offset:
                 return original.numpy() if numpy_mode else original
         if x.on_chip:
-            raise NkiValidationError(f"a kernel returns HBM tensors; {x!r} is on chip: store it with dma_copy into an "
+            raise NkiValidationError(f"a kernel returns HBM tensors; {x.describe()} is on chip: store it with dma_copy into an "
                                      f"nl.ndarray(..., buffer=nl.shared_hbm) and return that")
         view = x.torch_view()
         return view.numpy() if numpy_mode else view

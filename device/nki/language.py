@@ -27,21 +27,11 @@ from .ops import (abs, abs_max, abs_min, add, arctan, bitwise_and, bitwise_or, b
                   not_equal, power, prelu, reciprocal, relu, right_shift, rsqrt, sigmoid, sign, silu, silu_dx, sin,
                   softplus, sqrt, square, subtract, tan, tanh, trunc)
 from .program import current
-from .tensor import PRIVATE_HBM, PSUM, SBUF, SHARED_HBM, DynamicSlice, NkiTensor
+from .tensor import PRIVATE_HBM, PSUM, SBUF, SHARED_HBM, DynamicSlice, MemoryRegion, NkiTensor  # noqa: F401
 from .tensor import Storage as _Storage  # noqa: F401  (re-exported for framework glue)
 
 
-class MemoryRegion(str):
-    """A memory region name (nl.sbuf == "sbuf")."""
-
-    def __repr__(self):
-        return f"nl.{self}"
-
-
-sbuf = MemoryRegion(SBUF)
-psum = MemoryRegion(PSUM)
-private_hbm = MemoryRegion(PRIVATE_HBM)
-shared_hbm = MemoryRegion(SHARED_HBM)
+sbuf, psum, private_hbm, shared_hbm = SBUF, PSUM, PRIVATE_HBM, SHARED_HBM
 hbm = private_hbm
 bypass = None  # tensor_scalar / activate2 stage that does nothing
 average = "average"
@@ -82,7 +72,7 @@ def _buffer(buffer) -> str:
     name = "private_hbm" if name == "hbm" else name
     if name not in (SBUF, PSUM, PRIVATE_HBM, SHARED_HBM):
         raise NkiValidationError(f"buffer {buffer!r} is not an NKI memory; use nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
-    return name
+    return MemoryRegion(name)
 
 
 def is_hbm(buffer) -> bool:

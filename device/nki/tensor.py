@@ -16,7 +16,16 @@ import torch
 from . import dtypes as dt
 from .errors import NkiValidationError
 
-SBUF, PSUM, PRIVATE_HBM, SHARED_HBM = "sbuf", "psum", "private_hbm", "shared_hbm"
+class MemoryRegion(str):
+    """A memory's name, as NKI spells it (nl.sbuf == "sbuf")."""
+
+    def __repr__(self):
+        return f"nl.{str(self)}"
+
+
+SBUF, PSUM = MemoryRegion("sbuf"), MemoryRegion("psum")
+PRIVATE_HBM, SHARED_HBM = MemoryRegion("private_hbm"), MemoryRegion("shared_hbm")
+REGIONS = {r: r for r in (SBUF, PSUM, PRIVATE_HBM, SHARED_HBM)}
 ON_CHIP = (SBUF, PSUM)
 
 
@@ -28,7 +37,7 @@ class Storage:
     def __init__(self, data: torch.Tensor, dtype: dt.NkiDType, buffer: str, shape: tuple[int, ...], name: str):
         self.data = data  # flat, dtype.storage
         self.dtype = dtype
-        self.buffer = buffer
+        self.buffer = REGIONS[buffer]
         self.shape = shape  # as allocated: strides of the base tensor
         self.name = name
         # PSUM only: which elements hold a matmul accumulation still open (Note [PSUM accumulation])
@@ -107,9 +116,15 @@ class NkiTensor:
     def partition_start(self) -> int:
         return self.offset // self.storage.partition_stride if self.on_chip else 0
 
-    def __repr__(self) -> str:
+    def describe(self) -> str:
         name = f" {self.name!r}" if self.name else ""
-        return f"NkiTensor{name}(shape={self.shape}, dtype={self.dtype!r}, buffer=nl.{self.buffer})"
+        return f"NkiTensor{name}(shape={self.shape}, dtype={self.dtype!r}, buffer={self.buffer!r})"
+
+    def __repr__(self) -> str:
+        """The description and the values (what a debugger's `p tile` shows)."""
+        if self.dynamic is not None:
+            return self.describe() + " with a runtime offset"
+        return f"{self.describe()}\n{self.values()}"
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -134,7 +149,7 @@ class NkiTensor:
         """The host tensor of exactly the elements this view addresses (writable, no copy)."""
         if self.dynamic is not None:
             raise NkiValidationError(
-                f"{self!r} has a runtime offset: only dma_copy can read or write it (it is resolved per access)")
+                f"{self.describe()} has a runtime offset: only dma_copy can read or write it (it is resolved per access)")
         data = self.storage.data
         if self.dtype.storage != self.storage.dtype.storage:
             data = data.view(self.dtype.storage)

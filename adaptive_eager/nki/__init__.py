@@ -1,0 +1,75 @@
+"""NKI on the emulated chip: write Trainium kernels in NKI and run them on any CPU.
+
+    import adaptive_eager.nki as nki
+    import adaptive_eager.nki.language as nl
+    import adaptive_eager.nki.isa as nisa
+
+    @nki.jit
+    def add_kernel(a, b):
+        ...                       # the kernel as written for the chip
+
+    c = add_kernel(x, y)          # x, y: torch tensors (CPU or neuron) or numpy arrays
+    print(nki.profile(add_kernel, x, y))   # modelled time per engine
+
+`nki.install()` (or ADAPTIVE_EAGER_NKI=1 before `import torch`) also makes these modules
+importable as `nki`, `nki.language` and `nki.isa`, for kernels written for the real
+package, unchanged; it refuses where a real `nki` package is installed. Kernels run
+eagerly, instruction by instruction, so a breakpoint inside one shows real tile values.
+See the README's "NKI kernels" section and device/nki for the emulation itself.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from device.nki import KernelProfile, NkiValidationError, isa, jit, language, simulate
+from device.nki.kernel import Kernel
+from dispatch.nki_kernels import nki_op, run_with_timeline
+
+# One module object per name, whichever way it is imported (adaptive_eager.nki.language,
+# nki.language after install()).
+sys.modules[__name__ + ".language"] = language
+sys.modules[__name__ + ".isa"] = isa
+
+
+def profile(kernel, *args, **kwargs) -> KernelProfile:
+    """Run `kernel(*args, **kwargs)` once and return its modelled profile: total time, busy
+    time and utilisation per engine, the instructions, `.result` (what the kernel returned)
+    and `.export_chrome_trace(path)` (one track per engine, for Perfetto or chrome://tracing)."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"profile() takes an @nki.jit kernel, got {type(kernel).__name__}")
+    result, timeline = run_with_timeline(kernel, args, kwargs)
+    report = timeline.report()
+    report.result = result
+    return report
+
+
+def install() -> None:
+    """Make `import nki`, `import nki.language as nl`, `import nki.isa as nisa` give these
+    modules, so kernels written for AWS's package run unchanged. Refuses to shadow a real one."""
+    mine = sys.modules[__name__]
+    existing = sys.modules.get("nki")
+    if existing is mine:
+        return
+    spec = importlib.util.find_spec("nki") if existing is None else None
+    if existing is not None or spec is not None:
+        where = getattr(existing, "__file__", None) if existing is not None else spec.origin
+        raise RuntimeError(
+            f"a real 'nki' package is installed ({where}); adaptive_eager.nki.install() never shadows it. "
+            f"Import the emulator's modules by their own names instead: import adaptive_eager.nki as nki, "
+            f"import adaptive_eager.nki.language as nl, import adaptive_eager.nki.isa as nisa.")
+    sys.modules["nki"] = mine
+    sys.modules["nki.language"] = language
+    sys.modules["nki.isa"] = isa
+
+
+def uninstall() -> None:
+    """Undo install(): `import nki` no longer finds the emulator."""
+    mine = sys.modules[__name__]
+    if sys.modules.get("nki") is mine:
+        for name in ("nki", "nki.language", "nki.isa"):
+            sys.modules.pop(name, None)
+
+
+__all__ = ["Kernel", "KernelProfile", "NkiValidationError", "install", "isa", "jit", "language", "nki_op", "profile",
+           "simulate", "uninstall"]
