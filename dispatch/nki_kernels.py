@@ -13,9 +13,10 @@ kernel's modelled time: the critical path of its instructions on the NeuronCore'
   function that calls the kernel becomes a torch custom op (dispatch/custom_kernels.py):
   one op of the adaptive engine's traces, one node under torch.compile, differentiable with
   `register_autograd`, and priced by the modelled time of the kernels its body runs.
-- Traced with fake tensors (torch.compile, the adaptive engine's shape functions), a kernel
-  call runs once on zero-filled host tensors of the same shapes to learn the shapes it
-  returns, and returns fake tensors of those shapes.
+- Traced with fake or meta tensors (torch.compile, the adaptive engine's shape functions), a
+  kernel call runs once on zero-filled host tensors of the same shapes to learn the shapes
+  it returns, and returns fake (meta) tensors of those shapes. An op that knows its shapes
+  says so with `nki_op(..., fake=shape_function)` and no kernel runs.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from .custom_kernels import custom_kernel
 def run_on_device(kernel, args, kwargs):
     """A kernel called with non-CPU tensors: neuron (run it, Note [NKI kernels on neuron]) or fake."""
     leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-    if any(isinstance(x, FakeTensor) for x in leaves):
+    if any(isinstance(x, FakeTensor) or x.device.type == "meta" for x in leaves):
         return _run_on_fakes(kernel, args, kwargs)
     return run_with_timeline(kernel, args, kwargs)[0]
 

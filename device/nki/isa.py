@@ -208,8 +208,17 @@ def _close_psum(t: NkiTensor) -> None:
         acc.fill_(False)
 
 
-def _issue(instr: str, eng: str, ns: float, reads, writes) -> None:
-    current().issue(Instr(instr, eng, ns, [r for r in reads if isinstance(r, NkiTensor)], list(writes)))
+def _issue(instr: str, eng: str, cost: costs.Cost, reads, writes) -> None:
+    current().issue(Instr(instr, eng, cost, [r for r in reads if isinstance(r, NkiTensor)], list(writes)))
+
+
+def _speedup(eng: str, instr: str, dst, *srcs) -> float:
+    target = current().target
+    if eng == costs.VECTOR:
+        return costs.vector_speedup(target, instr, dst, *srcs)
+    if eng == costs.SCALAR:
+        return costs.scalar_speedup(target, instr, dst, *srcs)
+    return 1.0
 
 
 def _engine(instr: str, requested, allowed: tuple[str, ...], default: str) -> str:
@@ -254,8 +263,15 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.er
         stored = dt.encode(dt.decode(values, src.dtype).to(torch.float32), dst.dtype)
     _scatter(dst, stored, oob_mode, keep)
     _close_psum(dst)
-    _issue("dma_copy", costs.DMA, costs.dma_ns(current().target, max(src.size * src.dtype.itemsize,
-                                                                       dst.size * dst.dtype.itemsize)), [src], [dst])
+    _issue("dma_copy", costs.DMA, _dma_cost(src, dst), [src], [dst])
+
+
+def _dma_cost(src: NkiTensor, dst: NkiTensor, efficiency: float = 1.0) -> costs.Cost:
+    nbytes = max(src.size * src.dtype.itemsize, dst.size * dst.dtype.itemsize)
+    chip = dst if dst.on_chip else src
+    partitions = chip.shape[0] if chip.on_chip else min(current().target.partitions, chip.shape[0])
+    row = min(costs.contiguous_row_bytes(src), costs.contiguous_row_bytes(dst))
+    return costs.dma(current().target, nbytes, partitions, row, efficiency=efficiency)
 
 
 def _addresses(t: NkiTensor, oob, what: str):
@@ -334,7 +350,7 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_
     if tuple(values.shape) != dst.shape and values.numel() != dst.size:
         raise NkiValidationError(f"dma_transpose of {src.shape} gives {tuple(values.shape)}, dst is {dst.shape}")
     dst.torch_view().copy_(values.reshape(dst.shape))
-    _issue("dma_transpose", costs.DMA, 2 * costs.dma_ns(current().target, src.size * src.dtype.itemsize), [src], [dst])
+    _issue("dma_transpose", costs.DMA, _dma_cost(src, dst, efficiency=0.5 if src.on_chip else 0.9), [src], [dst])
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None):
@@ -349,7 +365,8 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None
     else:
         _close_psum(src)
         _write(dst, _read_f32(src) if src.dtype.is_float or dst.dtype.is_float else _read(src))
-    _issue("tensor_copy", eng, costs.alu_ns(current().target, eng, src.free_size), [src], [dst])
+    _issue("tensor_copy", eng, costs.alu(current().target, eng, src.free_size, 1, _speedup(eng, "tensor_copy", dst, src)),
+           [src], [dst])
 
 
 def memset(dst: NkiTensor, value, engine=engine.unknown, name=None):
@@ -361,9 +378,10 @@ def memset(dst: NkiTensor, value, engine=engine.unknown, name=None):
             raise NkiValidationError(f"memset of packed dtype {dst.dtype} supports only value=0, got {value}")
         dst.torch_view().zero_()
     else:
+        # a float64 constant, rounded to dst's dtype once (-3.4028235e38 is float32's lowest)
         _write(dst, torch.full((dst.partitions, dst.free_size), value,
-                               dtype=torch.float32 if dst.dtype.is_float else torch.int64))
-    _issue("memset", eng, costs.alu_ns(current().target, eng, dst.free_size, 0), [], [dst])
+                               dtype=torch.float64 if dst.dtype.is_float else torch.int64))
+    _issue("memset", eng, costs.alu(current().target, eng, dst.free_size, 1), [], [dst])
 
 
 def tensor_copy_predicated(dst: NkiTensor, src, predicate: NkiTensor, reverse_pred=False, name=None):
@@ -387,7 +405,7 @@ def tensor_copy_predicated(dst: NkiTensor, src, predicate: NkiTensor, reverse_pr
     else:
         new = torch.full_like(old, src)
     _write(dst, torch.where(mask, new, old))
-    _issue("tensor_copy_predicated", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, dst.free_size, 2),
+    _issue("tensor_copy_predicated", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
            [src, predicate, dst], [dst])
 
 
@@ -480,7 +498,7 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         if acc is not None:
             acc.fill_(True)
     onezero = is_stationary_onezero or is_moving_onezero
-    _issue("nc_matmul", costs.TENSOR, costs.matmul_ns(target, n, moving.dtype, double_row=double, onezero=onezero),
+    _issue("nc_matmul", costs.TENSOR, costs.matmul(target, n, moving.dtype, onezero=onezero, transpose=is_transpose),
            [stationary, moving] + ([dst] if not is_transpose else []), [dst])
 
 
@@ -518,9 +536,9 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=No
     _close_psum(data)
     dst.torch_view().copy_(data.torch_view().reshape(p, f).t().reshape(dst.shape))
     _close_psum(dst)
-    ns = costs.matmul_ns(current().target, p, dt.bfloat16) if eng == costs.TENSOR else \
-        costs.alu_ns(current().target, eng, f)
-    _issue("nc_transpose", eng, ns, [data], [dst])
+    cost = costs.matmul(current().target, p, data.dtype, transpose=True) if eng == costs.TENSOR else \
+        costs.alu(current().target, eng, f)
+    _issue("nc_transpose", eng, cost, [data], [dst])
 
 
 # --- Vector / Scalar / GpSimd: element-wise ------------------------------------------------------------
@@ -548,7 +566,8 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op, engine
     else:
         result = op.fn(_read_f32(data1), _read_f32(data2))
     _write(dst, result)
-    _issue("tensor_tensor", eng, costs.alu_ns(current().target, eng, dst.free_size, 2), [data1, data2], [dst])
+    _issue("tensor_tensor", eng, costs.alu(current().target, eng, dst.free_size, 2,
+                                           _speedup(eng, "tensor_tensor", dst, data1, data2)), [data1, data2], [dst])
 
 
 def _bitvec_dtypes(instr: str, *tiles) -> None:
@@ -585,7 +604,8 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0=False
             x = _alu(op1, x, _column("tensor_scalar", "operand1", 0.0 if operand1 is None else operand1, p),
                      reverse=reverse1)
     _write(dst, x)
-    _issue("tensor_scalar", eng, costs.alu_ns(current().target, eng, dst.free_size), [data, operand0, operand1], [dst])
+    _issue("tensor_scalar", eng, costs.alu(current().target, eng, dst.free_size, 1, _speedup(eng, "tensor_scalar", dst, data)),
+           [data, operand0, operand1], [dst])
 
 
 def _int_operand(v, p: int):
@@ -611,7 +631,7 @@ def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0, operand0, op1, op
              reverse=reverse0)
     x = _alu(op1, x, _read_f32(operand1), reverse=reverse1)
     _write(dst, x)
-    _issue("scalar_tensor_tensor", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, dst.free_size, 2),
+    _issue("scalar_tensor_tensor", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
            [data, operand0, operand1], [dst])
 
 
@@ -622,22 +642,22 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name=None):
     _close_psum(data)
     _write(dst, torch.reciprocal(_read_f32(data)))
     # Vector Engine reciprocal: about 8 cycles per element (the NKI API docs' engine selection table)
-    _issue("reciprocal", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, 8 * data.free_size), [data], [dst])
+    _issue("reciprocal", costs.VECTOR, costs.alu(current().target, costs.VECTOR, 8 * data.free_size), [data], [dst])
 
 
 def activation(dst: NkiTensor, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None):
-    out = _activate("activation", dst, op, data, bias, scale)
+    out = _activate("activation", dst, op, data, bias, scale, reduce_res)
     _accumulate(current(), "scalar_acc", "activation", out, reduce_op, reduce_cmd, reduce_res)
 
 
 def activation_reduce(dst: NkiTensor, op, data: NkiTensor, reduce_op, reduce_res: NkiTensor, bias=None, scale=1.0,
                       name=None):
-    out = _activate("activation_reduce", dst, op, data, bias, scale)
+    out = _activate("activation_reduce", dst, op, data, bias, scale, reduce_res)
     _accumulate(current(), "scalar_acc", "activation_reduce", out, reduce_op, reduce_cmd.reset_reduce, reduce_res)
 
 
-def _activate(instr: str, dst, op, data, bias, scale) -> torch.Tensor:
+def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
     _tile(instr, "dst", dst)
     _tile(instr, "data", data)
     _same_layout(instr, "data", data, "dst", dst)
@@ -654,7 +674,10 @@ def _activate(instr: str, dst, op, data, bias, scale) -> torch.Tensor:
         x = x + _column(instr, "bias", bias, p)
     out = op.fn(x)
     _write(dst, out)
-    _issue(instr, costs.SCALAR, costs.alu_ns(current().target, costs.SCALAR, data.free_size), [data, bias, scale], [dst])
+    # reading the accumulators out into reduce_res is one more short instruction
+    extra = costs.ACC_READ_CYCLES if read_out else 0
+    _issue(instr, costs.SCALAR, costs.alu(current().target, costs.SCALAR, data.free_size, extra_cycles=extra),
+           [data, bias, scale], [dst] + ([read_out] if read_out is not None else []))
     return out
 
 
@@ -736,7 +759,7 @@ def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate=False, keepd
             raise NkiValidationError("tensor_reduce negate applies to arithmetic operators only")
         r = -r
     _write(dst, r)
-    _issue("tensor_reduce", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    _issue("tensor_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
 
 
 def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
@@ -753,7 +776,7 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_
     _write(dst, x)
     _accumulate(current(), "vector_acc", "tensor_scalar_reduce", x, reduce_op, reduce_cmd, reduce_res,
                 init=reduce_init, negate=reduce_res_negate)
-    _issue("tensor_scalar_reduce", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, data.free_size),
+    _issue("tensor_scalar_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size),
            [data, operand0], [dst] + ([reduce_res] if reduce_res is not None else []))
 
 
@@ -778,7 +801,7 @@ def iota(dst: NkiTensor, pattern, offset=0, channel_multiplier=0, name=None):
     _tile("iota", "dst", dst, buffers=(SBUF,))
     values = _affine("iota", dst.partitions, dst.free_size, pattern, offset, channel_multiplier)
     _write(dst, values.to(torch.float32) if dst.dtype.is_float else values)
-    _issue("iota", costs.GPSIMD, costs.alu_ns(current().target, costs.GPSIMD, dst.free_size, 0), [], [dst])
+    _issue("iota", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size), [], [dst])
 
 
 def affine_select(dst: NkiTensor, pattern, channel_multiplier, on_true_tile: NkiTensor, on_false_value,
@@ -796,13 +819,13 @@ def affine_select(dst: NkiTensor, pattern, channel_multiplier, on_true_tile: Nki
         _write(dst, torch.where(predicate, chosen, false))
     else:
         _write(dst, torch.where(predicate, _read_f32(on_true_tile), torch.tensor(float(on_false_value))))
-    _issue("affine_select", costs.GPSIMD, costs.alu_ns(current().target, costs.GPSIMD, dst.free_size),
+    _issue("affine_select", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size),
            [on_true_tile], [dst])
 
 
 def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bound0: NkiTensor, bound1: NkiTensor,
                  reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=ops.maximum, range_start=0,
-                 on_false_value=-3.4028235e38, name=None):
+                 on_false_value=-3.4028234663852886e38, name=None):
     if current().target.version < 3:
         raise NkiValidationError("range_select is available on NeuronCore-v3 (trn2) and newer")
     _tile("range_select", "dst", dst)
@@ -819,10 +842,10 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bo
     b1 = _column("range_select", "bound1", bound1, p)
     index = (range_start + torch.arange(f, dtype=torch.float32)).reshape(1, f)
     mask = (c0.fn(index, b0) != 0) & (c1.fn(index, b1) != 0)
-    out = torch.where(mask, _read_f32(on_true_tile), torch.tensor(float(on_false_value)))
+    out = torch.where(mask, _read_f32(on_true_tile), torch.tensor(float(on_false_value), dtype=torch.float64).float())
     _write(dst, out)
     _accumulate(current(), "vector_acc", "range_select", out, reduce_op, reduce_cmd, reduce_res)
-    _issue("range_select", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, f), [on_true_tile, bound0, bound1],
+    _issue("range_select", costs.VECTOR, costs.alu(current().target, costs.VECTOR, f), [on_true_tile, bound0, bound1],
            [dst] + ([reduce_res] if reduce_res is not None else []))
 
 
@@ -845,7 +868,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name=None):
         m2 = ((half - mean.unsqueeze(1)) ** 2).sum(1) if n else torch.zeros(x.shape[0])
         parts += [torch.full_like(mean, float(n)), mean, m2]
     _write(dst, torch.stack(parts, 1))
-    _issue("bn_stats", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    _issue("bn_stats", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
 
 
 def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None):
@@ -863,4 +886,4 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None):
     total_mean = (count * mean).sum(1) / n
     total_m2 = (m2 + count * (mean - total_mean.unsqueeze(1)) ** 2).sum(1)
     _write(dst, torch.stack([total_mean, total_m2 / n], 1))
-    _issue("bn_aggr", costs.VECTOR, costs.alu_ns(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    _issue("bn_aggr", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])

@@ -396,7 +396,7 @@ def gather_flattened(data: NkiTensor, indices: NkiTensor, axis=0, dtype=None) ->
     if (idx < 0).any() or (idx >= data.free_size).any():
         raise NkiValidationError(f"gather_flattened: an index is outside [0, {data.free_size})")
     _isa._write(out, torch.gather(src, 1, idx))
-    _isa._issue("gather_flattened", "gpsimd", _isa.costs.alu_ns(current().target, "gpsimd", indices.free_size),
+    _isa._issue("gather_flattened", "gpsimd", _isa.costs.alu(current().target, "gpsimd", indices.free_size),
                 [data, indices], [out])
     return out
 
@@ -406,7 +406,7 @@ def dropout(x: NkiTensor, rate, dtype=None) -> NkiTensor:
     p = rate if not _is_tile(rate) else _isa._read_f32(rate).reshape(-1, 1)
     keep = torch.rand((x.partitions, x.free_size), generator=_generator()) >= p
     _isa._write(out, torch.where(keep, _isa._read_f32(x), torch.zeros(())))
-    _isa._issue("dropout", "vector", _isa.costs.alu_ns(current().target, "vector", x.free_size), [x], [out])
+    _isa._issue("dropout", "vector", _isa.costs.alu(current().target, "vector", x.free_size), [x], [out])
     return out
 
 

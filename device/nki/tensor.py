@@ -8,6 +8,7 @@ independent memories, so the partition dimension is always dim 0 of an on-chip v
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -32,7 +33,8 @@ ON_CHIP = (SBUF, PSUM)
 class Storage:
     """The memory behind one allocation (or one framework tensor handed to a kernel)."""
 
-    __slots__ = ("data", "dtype", "buffer", "shape", "name", "acc", "__weakref__")
+    __slots__ = ("data", "dtype", "buffer", "shape", "name", "acc", "serial", "__weakref__")
+    _serials = itertools.count()
 
     def __init__(self, data: torch.Tensor, dtype: dt.NkiDType, buffer: str, shape: tuple[int, ...], name: str):
         self.data = data  # flat, dtype.storage
@@ -42,6 +44,8 @@ class Storage:
         self.name = name
         # PSUM only: which elements hold a matmul accumulation still open (Note [PSUM accumulation])
         self.acc: torch.Tensor | None = None
+        # names the storage in a timeline, which must not keep it alive (an id() could be reused)
+        self.serial = next(Storage._serials)
 
     @property
     def partition_stride(self) -> int:

@@ -19,13 +19,19 @@ from . import costs
 
 
 class Instr:
-    __slots__ = ("name", "engine", "ns", "reads", "writes", "start", "end", "core", "queue")
+    __slots__ = ("name", "engine", "ns", "latency_ns", "engines", "reads", "writes", "start", "end", "core", "queue")
 
-    def __init__(self, name: str, engine: str, ns: float, reads, writes):
-        self.name, self.engine, self.ns = name, engine, float(ns)
+    def __init__(self, name: str, engine: str, cost, reads, writes):
+        self.name, self.engine = name, engine
+        self.ns, self.latency_ns, self.engines = float(cost.ns), float(cost.latency_ns), cost.engines
         self.reads, self.writes = reads, writes
         self.start = self.end = 0.0
         self.core = self.queue = 0
+
+    @property
+    def visible(self) -> float:
+        """When what it wrote can be read (and what it read may be overwritten)."""
+        return self.end + self.latency_ns
 
 
 def _box(t):
@@ -65,26 +71,29 @@ class Timeline:
             if t.storage is None:
                 continue
             lo, hi = _box(t)
-            entries = self._access[id(t.storage)]
+            entries = self._access[t.storage.serial]
             for (elo, ehi), (w_end, r_end) in entries.items():
                 if _overlap(lo, hi, elo, ehi):
                     ready = max(ready, w_end, r_end if writing else 0.0)
             touched.append((t, lo, hi, writing))
-        key = (core, instr.engine)
-        if instr.engine == costs.DMA:  # the queue that frees first
-            queue = min(range(costs.DMA_QUEUES), key=lambda q: self._engine_free[(core, costs.DMA, q)])
-            key = (core, costs.DMA, queue)
-            instr.queue = queue
-        start = max(ready, self._engine_free[key])
+        if instr.engine == costs.DMA:  # the DMA engines that free first, as many as it spreads over
+            pool = sorted(range(costs.DMA_ENGINES), key=lambda q: self._engine_free[(core, costs.DMA, q)])
+            keys = [(core, costs.DMA, q) for q in pool[:instr.engines]]
+            instr.queue = pool[0]
+        else:
+            keys = [(core, instr.engine)]
+        start = max([ready] + [self._engine_free[k] for k in keys])
         instr.start, instr.end, instr.core = start, start + instr.ns, core
-        self._engine_free[key] = instr.end
+        for k in keys:
+            self._engine_free[k] = instr.end
+        instr.reads = instr.writes = ()  # the timeline keeps no tile alive (Note [On-chip capacity])
         for t, lo, hi, writing in touched:
-            entries = self._access[id(t.storage)]
+            entries = self._access[t.storage.serial]
             if writing:  # accesses this write covers are ordered before it: drop them
                 for k in [k for k in entries if lo[0] <= k[0][0] and k[1][0] <= hi[0]
                           and lo[1] <= k[0][1] and k[1][1] <= hi[1]]:
                     del entries[k]
-                entries[(lo, hi)] = [instr.end, instr.end]
+                entries[(lo, hi)] = [instr.visible, instr.end]
             else:
                 w_end, r_end = entries.get((lo, hi), (0.0, 0.0))
                 entries[(lo, hi)] = [w_end, max(r_end, instr.end)]
@@ -93,13 +102,14 @@ class Timeline:
     # --- results ----------------------------------------------------------------------------------------
     @property
     def total_ns(self) -> float:
-        return max((i.end for i in self.instrs), default=0.0)
+        """The kernel's modelled time: until the last result is visible."""
+        return max((i.visible for i in self.instrs), default=0.0)
 
     def busy_ns(self) -> dict[str, float]:
-        """Busy time per engine (summed over cores; DMA over its queues)."""
+        """Busy time per engine (summed over cores; DMA over its 16 engines)."""
         busy = {e: 0.0 for e in costs.ENGINES}
         for i in self.instrs:
-            busy[i.engine] += i.ns
+            busy[i.engine] += i.ns * i.engines
         return busy
 
     def report(self) -> "KernelProfile":
@@ -117,7 +127,7 @@ class KernelProfile:
         self.busy_us = {e: ns / 1000 for e, ns in busy.items()}
         span = timeline.total_ns or 1.0
         cores = timeline.lnc
-        self.utilization = {e: (busy[e] / span / cores / (costs.DMA_QUEUES if e == costs.DMA else 1))
+        self.utilization = {e: (busy[e] / span / cores / (costs.DMA_ENGINES if e == costs.DMA else 1))
                             for e in costs.ENGINES}
         self.counts = defaultdict(int)
         for i in timeline.instrs:
@@ -127,17 +137,19 @@ class KernelProfile:
         lines = [f"NKI kernel on {self.timeline.target.name}: {self.total_us:.2f} us modelled, "
                  f"{self.instructions} instructions"]
         for e in costs.ENGINES:
-            lines.append(f"  {e:<7} busy {self.busy_us[e]:9.2f} us  ({100 * self.utilization[e]:5.1f}% of the kernel)")
+            of = " (16 DMA engines)" if e == costs.DMA else ""
+            lines.append(f"  {e:<7} busy {self.busy_us[e]:9.2f} us  ({100 * self.utilization[e]:5.1f}% of the kernel{of})")
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict:
         """A Chrome/Perfetto trace: one track per engine (and per DMA queue), times in us."""
         events, tids = [], {}
         for i in self.timeline.instrs:
-            track = f"core{i.core}.{i.engine}" + (f".q{i.queue}" if i.engine == costs.DMA else "")
+            track = f"core{i.core}.{i.engine}" + (f".{i.queue}" if i.engine == costs.DMA else "")
             tid = tids.setdefault(track, len(tids))
             events.append({"name": i.name, "ph": "X", "pid": 0, "tid": tid, "ts": i.start / 1000,
-                           "dur": max(i.ns / 1000, 1e-3), "args": {"engine": i.engine}})
+                           "dur": max(i.ns / 1000, 1e-3),
+                           "args": {"engine": i.engine, "latency_us": i.latency_ns / 1000, "dma_engines": i.engines}})
         for track, tid in tids.items():
             events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": track}})
         return {"traceEvents": events, "displayTimeUnit": "ns"}
