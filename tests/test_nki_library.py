@@ -138,3 +138,76 @@ def test_library_ops_compile_as_nodes_with_their_shape_functions():
     finally:
         torch._dynamo.reset()
     assert torch.equal(got.cpu(), f(q, k, v, x, w))
+
+
+def _moe_reference(x, router_w, w_gate, w_up, w_down, top_k):
+    """Mixtral's block, written with torch ops."""
+    logits = x @ router_w
+    top, idx = logits.topk(top_k, dim=-1)
+    gates = torch.zeros_like(logits).scatter(1, idx, torch.softmax(top, -1))
+    return sum(gates[:, e:e + 1] * ((F.silu(x @ w_gate[e]) * (x @ w_up[e])) @ w_down[e]) for e in range(len(w_gate)))
+
+
+def _moe_weights(d=32, e=4, f=160, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=g) * scale).requires_grad_()
+            for shape, scale in (((d, e), 1.0), ((e, d, f), 0.2), ((e, d, f), 0.2), ((e, f, d), 0.2))]
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_moe_matches_the_torch_composite_forward_and_backward(top_k):
+    weights = _moe_weights()
+    x = torch.randn(200, 32, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    y = lib.moe(x, *weights, top_k=top_k)
+    grads = torch.autograd.grad(y.square().sum(), [x, *weights])
+    ref = _moe_reference(x, *weights, top_k)
+    ref_grads = torch.autograd.grad(ref.square().sum(), [x, *weights])
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_moe_refuses_shapes_past_one_tile_and_a_top_k_past_the_experts():
+    w = _moe_weights()
+    with pytest.raises(ValueError, match="top_k=5 must be in"):
+        lib.moe(torch.zeros(4, 32), *w, top_k=5)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        lib.moe(torch.zeros(4, 16), *w)
+
+
+class NkiMoeLayer(nn.Module):
+    def __init__(self, d=16, e=4, f=32):
+        super().__init__()
+        self.params = nn.ParameterList(nn.Parameter(w.detach()) for w in _moe_weights(d, e, f))
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x):
+        return self.head(x + lib.moe(x, *self.params, top_k=2))
+
+
+def test_training_an_moe_layer_matches_cpu_and_runs_as_one_launch_per_step():
+    def train(device, mode, steps=6):
+        torch.manual_seed(0)
+        model = NkiMoeLayer().to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(40, 16, generator=g).to(device), torch.randn(40, 2, generator=g).to(device))
+                for _ in range(steps)]
+        losses, per_step = [], []
+        with adaptive_eager.mode(mode):
+            adaptive_eager.reset_stats()
+            for x, y in data:
+                before = adaptive_eager.stats().launches
+                loss = F.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+                per_step.append(adaptive_eager.stats().launches - before)
+        return [float(v) for v in losses], per_step
+
+    cpu_losses, _ = train("cpu", "eager")
+    for mode in ("eager", "adaptive"):
+        losses, per_step = train("neuron", mode)
+        assert losses == cpu_losses, mode
+    assert per_step[-1] == 1, per_step

@@ -22,6 +22,7 @@ from torch import Tensor
 from dispatch.nki_kernels import nki_op
 
 from .attention import flash_attention_backward, flash_attention_forward
+from .moe import moe_backward, moe_forward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 
@@ -119,4 +120,58 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     return y.reshape(x.shape)
 
 
-__all__ = ["flash_attention", "rms_norm"]
+def _moe_fake(x, router_w, w_gate, w_up, w_down, top_k):
+    return torch.empty_like(x), x.new_empty((x.shape[0], router_w.shape[1]), dtype=torch.float32)
+
+
+@nki_op("nki_lib::moe", fake=_moe_fake)
+def _moe(x: Tensor, router_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
+    return moe_forward(x, router_w, w_gate, w_up, w_down, top_k)
+
+
+def _moe_backward_fake(dy, x, router_w, w_gate, w_up, w_down, gates):
+    f32 = torch.float32
+    return (torch.empty_like(x), router_w.new_empty(router_w.shape, dtype=f32), w_gate.new_empty(w_gate.shape, dtype=f32),
+            w_up.new_empty(w_up.shape, dtype=f32), w_down.new_empty(w_down.shape, dtype=f32))
+
+
+@nki_op("nki_lib::moe_backward", fake=_moe_backward_fake)
+def _moe_backward(dy: Tensor, x: Tensor, router_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                  gates: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return moe_backward(dy.contiguous(), x, router_w, w_gate, w_up, w_down, gates)
+
+
+def _moe_setup(ctx, inputs, output):
+    x, router_w, w_gate, w_up, w_down, _ = inputs
+    ctx.save_for_backward(x, router_w, w_gate, w_up, w_down, output[1])
+
+
+def _moe_grad(ctx, dy, dgates):
+    x, router_w, w_gate, w_up, w_down, gates = ctx.saved_tensors
+    grads = _moe_backward(dy, x, router_w, w_gate, w_up, w_down, gates)
+    return (grads[0],) + tuple(g.to(w.dtype) for g, w in zip(grads[1:], (router_w, w_gate, w_up, w_down))) + (None,)
+
+
+_moe.register_autograd(_moe_grad, setup_context=_moe_setup)
+
+
+def moe(x: Tensor, router_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, top_k: int = 2) -> Tensor:
+    """A mixture-of-experts block (moe.py): x (..., D), router_w (D, E), w_gate and w_up (E, D, F),
+    w_down (E, F, D). Each token goes to its top_k experts, SiLU-gated MLPs, weighted by the
+    softmax of their router logits."""
+    d = x.shape[-1]
+    e, d2, f = w_gate.shape
+    if (d2, router_w.shape, w_up.shape, w_down.shape) != (d, (d, e), (e, d, f), (e, f, d)):
+        raise ValueError(f"moe: shapes do not fit: x (..., {d}), router_w {tuple(router_w.shape)}, w_gate "
+                         f"{tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}, w_down {tuple(w_down.shape)}; want "
+                         f"router_w (D, E), w_gate and w_up (E, D, F), w_down (E, F, D)")
+    if d > 128 or e > 128 or f > 512:
+        raise ValueError(f"moe: the kernel takes D <= 128, E <= 128 and F <= 512 (one tile each), got D={d}, E={e}, "
+                         f"F={f}")
+    if not 1 <= top_k <= e:
+        raise ValueError(f"moe: top_k={top_k} must be in [1, {e}]")
+    y, _ = _moe(x.reshape(-1, d), router_w, w_gate, w_up, w_down, int(top_k))
+    return y.reshape(x.shape)
+
+
+__all__ = ["flash_attention", "moe", "rms_norm"]
