@@ -17,6 +17,7 @@ import adaptive_eager.nki as nki
 import adaptive_eager.nki.isa as nisa
 import adaptive_eager.nki.language as nl
 from device.nki import dtypes as dt
+from subproc import run_python
 
 
 def filled(values: torch.Tensor, dtype=nl.float32, buffer=nl.sbuf):
@@ -186,3 +187,13 @@ def test_install_refuses_to_shadow_a_real_nki(monkeypatch):
     monkeypatch.setitem(sys.modules, "nki", types.ModuleType("nki"))
     with pytest.raises(RuntimeError, match="never shadows it"):
         nki.install()
+
+
+def test_the_environment_switch_makes_import_nki_the_emulator_at_import_torch():
+    proc = run_python("""
+        import torch
+        import nki, nki.language as nl, nki.isa as nisa
+        print(nl.__name__, nisa.__name__, nki.__name__)
+    """, env={"ADAPTIVE_EAGER_NKI": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["device.nki.language", "device.nki.isa", "adaptive_eager.nki"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,3 +248,15 @@ def test_a_breakpoint_inside_a_kernel_shows_real_tile_values():
     assert repr(expect) in proc.stdout
     assert "((3, 4), nl.sbuf)" in proc.stdout
     assert f"RESULT {expect}" in proc.stdout
+
+
+def test_the_readmes_nki_example_runs(tmp_path):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## NKI kernels on the emulated chip"):]
+    example = section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
+    example += "\nassert torch.equal(z, x + y) and torch.equal(zn.cpu(), x + y)\nprint('EXAMPLE OK')\n"
+    proc = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert "EXAMPLE OK" in proc.stdout and "us modelled" in proc.stdout
+    assert (tmp_path / "kernel.json").is_file()
