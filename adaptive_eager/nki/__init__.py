@@ -23,13 +23,21 @@ import importlib.util
 import sys
 
 from device.nki import KernelProfile, NkiValidationError, isa, jit, language, simulate
+from device.nki import constants as _constants
+from device.nki import nki_typing as typing
+from device.nki.dtypes import NkiDType as dtype
 from device.nki.kernel import Kernel
 from dispatch.nki_kernels import nki_op, run_with_timeline
 
+# the NKI simulator's own name for simulate (the NKI library's harness calls it)
+cpu_simulate = simulate
+
 # One module object per name, whichever way it is imported (adaptive_eager.nki.language,
 # nki.language after install()).
-sys.modules[__name__ + ".language"] = language
-sys.modules[__name__ + ".isa"] = isa
+_SUBMODULES = {"language": language, "isa": isa, "isa.constants": _constants, "typing": typing}
+for _name, _module in _SUBMODULES.items():
+    sys.modules[f"{__name__}.{_name}"] = _module
+isa.constants = _constants
 
 
 def profile(kernel, *args, **kwargs) -> KernelProfile:
@@ -59,17 +67,17 @@ def install() -> None:
             f"Import the emulator's modules by their own names instead: import adaptive_eager.nki as nki, "
             f"import adaptive_eager.nki.language as nl, import adaptive_eager.nki.isa as nisa.")
     sys.modules["nki"] = mine
-    sys.modules["nki.language"] = language
-    sys.modules["nki.isa"] = isa
+    for name, module in _SUBMODULES.items():
+        sys.modules[f"nki.{name}"] = module
 
 
 def uninstall() -> None:
     """Undo install(): `import nki` no longer finds the emulator."""
     mine = sys.modules[__name__]
     if sys.modules.get("nki") is mine:
-        for name in ("nki", "nki.language", "nki.isa"):
+        for name in ["nki"] + [f"nki.{n}" for n in _SUBMODULES]:
             sys.modules.pop(name, None)
 
 
-__all__ = ["Kernel", "KernelProfile", "NkiValidationError", "install", "isa", "jit", "language", "nki_op", "profile",
-           "simulate", "uninstall"]
+__all__ = ["Kernel", "KernelProfile", "NkiValidationError", "cpu_simulate", "dtype", "install", "isa", "jit", "language",
+           "nki_op", "profile", "simulate", "typing", "uninstall"]

@@ -9,7 +9,6 @@ Copies between equal dtypes move bits.
 """
 from __future__ import annotations
 
-import enum
 import math
 
 import torch
@@ -17,60 +16,16 @@ import torch
 from . import costs
 from . import dtypes as dt
 from . import ops
+from .constants import (  # noqa: F401  (nki.isa's enumerations)
+    dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd)
 from .errors import NkiValidationError
+from .operands import (accumulate, acc_view, all_int, alu, bitvec_dtypes, choose_engine, close_psum, column, copy_bits,
+                       int_operand, issue, no_gpsimd_psum, read, read_f32, reduce, same_layout, speedup, tile, write)
 from .program import current
-from .tensor import ON_CHIP, PSUM, SBUF, NkiTensor
-from .timeline import Instr
-
-
-class engine(enum.Enum):
-    tensor = 1
-    vector = 5
-    scalar = 2
-    gpsimd = 3
-    dma = 4
-    sync = 6
-    unknown = 0
-
+from .tensor import PSUM, SBUF, NkiTensor
 
 tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
 gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
-
-
-class reduce_cmd(enum.Enum):
-    idle = 0
-    reset = 1
-    reduce = 2
-    reset_reduce = 3
-    load_reduce = 4
-
-
-class dge_mode(enum.Enum):
-    unknown = 0
-    swdge = 1
-    hwdge = 2
-    none = 3
-
-
-class oob_mode(enum.Enum):
-    error = 0
-    skip = 1
-
-
-class matmul_perf_mode(enum.Enum):
-    none = "none"
-    double_row = "double_row"
-
-
-class nc_version(enum.Enum):
-    gen2 = 2
-    gen3 = 3
-    gen4 = 4
-
-
-class dma_engine(enum.Enum):
-    dma = 1
-    gpsimd_dma = 2
 
 
 def get_nc_version() -> nc_version:
@@ -112,15 +67,15 @@ def register_move(dst: VirtualRegister, src) -> None:
 
 def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
     _writable_register(dst)
-    _tile("register_load", "src", src, buffers=(SBUF,))
+    tile("register_load", "src", src, buffers=(SBUF,))
     if src.size != 1:
         raise NkiValidationError(f"register_load src must be a 1x1 SBUF tile, got {src.shape}")
     dst.value = int(src.values().reshape(-1)[0].item())
 
 
 def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
-    _tile("register_store", "dst", dst, buffers=(SBUF,))
-    _write(dst, torch.full((dst.partitions, dst.free_size), float(src.value)))
+    tile("register_store", "dst", dst, buffers=(SBUF,))
+    write(dst, torch.full((dst.partitions, dst.free_size), float(src.value)))
 
 
 def _writable_register(r) -> None:
@@ -131,127 +86,12 @@ def _writable_register(r) -> None:
 
 
 # --- operand checks --------------------------------------------------------------------------------
-def _tile(instr: str, name: str, t, *, buffers=ON_CHIP, max_partitions: int | None = None) -> NkiTensor:
-    if not isinstance(t, NkiTensor):
-        raise NkiValidationError(f"{instr} {name} must be an NkiTensor, got {type(t).__name__}")
-    if t.buffer not in buffers:
-        where = " or ".join(f"nl.{b}" for b in buffers)
-        raise NkiValidationError(f"{instr} {name} must be in {where}, but tensor {t.name!r} is in nl.{t.buffer}")
-    limit = max_partitions or current().target.partitions
-    if t.on_chip and t.shape[0] > limit:
-        raise NkiValidationError(f"{instr} {name} partition dimension {t.shape[0]} exceeds maximum {limit}")
-    if t.on_chip and t.partition_start + t.shape[0] > current().target.partitions:
-        raise NkiValidationError(f"{instr} {name} reaches partition {t.partition_start + t.shape[0] - 1}, past the "
-                                 f"{current().target.partitions} partitions of the NeuronCore")
-    if t.dtype.packed and instr not in ("dma_copy", "memset", "tensor_copy"):
-        raise NkiValidationError(f"{instr} {name}: packed dtype {t.dtype} is only for nc_matmul_mx")
-    return t
-
-
-def _same_layout(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
-    if a.partitions != b.partitions or a.free_size != b.free_size:
-        raise NkiValidationError(
-            f"{instr} {a_name} and {b_name} must have the same partition size and elements per partition: "
-            f"{a_name} is {a.partitions} x {a.free_size} {a.shape}, {b_name} is {b.partitions} x {b.free_size} {b.shape}")
-
-
-def _column(instr: str, name: str, v, partitions: int):
-    """A scalar operand, or a (P, 1) tile broadcast along the free dim: a float or a (P, 1) tensor."""
-    if isinstance(v, NkiTensor):
-        _tile(instr, name, v)
-        if v.partitions != partitions or v.free_size != 1:
-            raise NkiValidationError(f"{instr} {name} must be a scalar or a ({partitions}, 1) tile, got {v.shape}")
-        _close_psum(v)
-        return _read(v).reshape(partitions, 1).to(torch.float32)
-    if isinstance(v, (int, float, bool)):
-        return float(v)
-    raise NkiValidationError(f"{instr} {name} must be a number or a ({partitions}, 1) tile, got {type(v).__name__}")
-
-
-def _read(t: NkiTensor) -> torch.Tensor:
-    """The values of a tile as (partitions, elements per partition)."""
-    return dt.decode(t.torch_view(), t.dtype).reshape(t.partitions, t.free_size)
-
-
-def _read_f32(t: NkiTensor) -> torch.Tensor:
-    return _read(t).to(torch.float32)
-
-
-def _write(dst: NkiTensor, values: torch.Tensor) -> None:
-    """Round `values` (P, F) to dst's dtype and store them where dst points."""
-    view = dst.torch_view()
-    if any(s == 0 and n > 1 for s, n in zip(dst.strides, dst.shape)):
-        raise NkiValidationError(f"destination {dst.name!r} {dst.shape} is a broadcast view: it cannot be written")
-    view.copy_(dt.encode(values, dst.dtype).reshape(dst.shape))
-    _close_psum(dst)
-
-
-def _copy_bits(dst: NkiTensor, src: NkiTensor) -> None:
-    dst.torch_view().copy_(src.torch_view().reshape(src.partitions, -1).reshape(dst.shape))
-    _close_psum(dst)
-
-
-def _acc_view(t: NkiTensor):
-    s = t.storage
-    if s.acc is None or t.dtype.itemsize != s.dtype.itemsize:
-        return None
-    return s.acc.as_strided(t.shape, t.strides, t.offset)
-
-
-def _close_psum(t: NkiTensor) -> None:
-    """Note [PSUM accumulation]: a matmul into PSUM with accumulate=None adds to elements a
-    matmul wrote and nothing has read or overwritten since (the accumulation group NKI's
-    compiler infers: first matmul overwrites, later ones accumulate); any other instruction
-    reading or writing those elements closes the group."""
-    acc = _acc_view(t)
-    if acc is not None:
-        acc.fill_(False)
-
-
-def _issue(instr: str, eng: str, cost: costs.Cost, reads, writes) -> None:
-    current().issue(Instr(instr, eng, cost, [r for r in reads if isinstance(r, NkiTensor)], list(writes)))
-
-
-def _speedup(eng: str, instr: str, dst, *srcs) -> float:
-    target = current().target
-    if eng == costs.VECTOR:
-        return costs.vector_speedup(target, instr, dst, *srcs)
-    if eng == costs.SCALAR:
-        return costs.scalar_speedup(target, instr, dst, *srcs)
-    return 1.0
-
-
-def _engine(instr: str, requested, allowed: tuple[str, ...], default: str) -> str:
-    if requested is None or requested == engine.unknown:
-        return default
-    if not isinstance(requested, engine):
-        raise NkiValidationError(f"{instr}: engine={requested!r} is not an nki.isa.engine")
-    if requested.name not in allowed:
-        raise NkiValidationError(f"{instr} runs on the {', '.join(allowed)} engine(s), not {requested.name}")
-    return requested.name
-
-
-def _no_gpsimd_psum(instr: str, eng: str, *tiles) -> None:
-    if eng == costs.GPSIMD and any(isinstance(t, NkiTensor) and t.buffer == PSUM for t in tiles):
-        raise NkiValidationError(f"{instr} on the GpSimd engine cannot access PSUM (tensor in nl.psum)")
-
-
-def _alu(op: ops.Operator, x, y=None, *, reverse=False):
-    if op.arity == 1:
-        return op.fn(x)
-    return op.fn(y, x) if reverse else op.fn(x, y)
-
-
-def _ints(*tiles) -> bool:
-    return all(t.dtype.is_int or t.dtype is dt.bool_ for t in tiles if isinstance(t, NkiTensor))
-
-
 # --- data movement -------------------------------------------------------------------------------
 def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              engine=engine.unknown, name=None):
     buffers = (SBUF, "private_hbm", "shared_hbm")
-    _tile("dma_copy", "dst", dst, buffers=buffers)
-    _tile("dma_copy", "src", src, buffers=buffers)
+    tile("dma_copy", "dst", dst, buffers=buffers)
+    tile("dma_copy", "src", src, buffers=buffers)
     n_src, n_dst = src.size, dst.size
     if n_src != n_dst:
         raise NkiValidationError(f"dma_copy src has {n_src} elements {src.shape}, dst has {n_dst} {dst.shape}: "
@@ -262,8 +102,8 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.er
     else:  # DMA converts through float32
         stored = dt.encode(dt.decode(values, src.dtype).to(torch.float32), dst.dtype)
     _scatter(dst, stored, oob_mode, keep)
-    _close_psum(dst)
-    _issue("dma_copy", costs.DMA, _dma_cost(src, dst), [src], [dst])
+    close_psum(dst)
+    issue("dma_copy", costs.DMA, _dma_cost(src, dst), [src], [dst])
 
 
 def _dma_cost(src: NkiTensor, dst: NkiTensor, efficiency: float = 1.0) -> costs.Cost:
@@ -332,8 +172,8 @@ def _scatter(dst: NkiTensor, stored: torch.Tensor, oob, keep=None) -> None:
 
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_mode=dge_mode.unknown,
                   oob_mode=oob_mode.error, name=None):
-    _tile("dma_transpose", "dst", dst, buffers=(SBUF,))
-    _tile("dma_transpose", "src", src, buffers=(SBUF, "private_hbm", "shared_hbm"))
+    tile("dma_transpose", "dst", dst, buffers=(SBUF,))
+    tile("dma_transpose", "src", src, buffers=(SBUF, "private_hbm", "shared_hbm"))
     perms = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
     if src.ndim not in perms:
         raise NkiValidationError(f"dma_transpose src must be 2-D, 3-D or 4-D, got {src.shape}")
@@ -350,62 +190,65 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_
     if tuple(values.shape) != dst.shape and values.numel() != dst.size:
         raise NkiValidationError(f"dma_transpose of {src.shape} gives {tuple(values.shape)}, dst is {dst.shape}")
     dst.torch_view().copy_(values.reshape(dst.shape))
-    _issue("dma_transpose", costs.DMA, _dma_cost(src, dst, efficiency=0.5 if src.on_chip else 0.9), [src], [dst])
+    issue("dma_transpose", costs.DMA, _dma_cost(src, dst, efficiency=0.5 if src.on_chip else 0.9), [src], [dst])
 
 
-def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None):
-    _tile("tensor_copy", "dst", dst)
-    _tile("tensor_copy", "src", src)
-    _same_layout("tensor_copy", "src", src, "dst", dst)
-    eng = _engine("tensor_copy", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
-    _no_gpsimd_psum("tensor_copy", eng, dst, src)
+def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None, dtype=None):
+    if dtype is not None and dt.as_dtype(dtype) != dst.dtype:  # older kernels pass it; dst's dtype decides
+        raise NkiValidationError(f"tensor_copy dtype={dtype} differs from dst's dtype {dst.dtype}: the destination's "
+                                 f"dtype is the result's; drop dtype= or allocate dst as {dtype}")
+    tile("tensor_copy", "dst", dst)
+    tile("tensor_copy", "src", src)
+    same_layout("tensor_copy", "src", src, "dst", dst)
+    eng = choose_engine("tensor_copy", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
+    no_gpsimd_psum("tensor_copy", eng, dst, src)
     if src.dtype == dst.dtype:
-        _close_psum(src)
-        _copy_bits(dst, src)
+        close_psum(src)
+        copy_bits(dst, src)
     else:
-        _close_psum(src)
-        _write(dst, _read_f32(src) if src.dtype.is_float or dst.dtype.is_float else _read(src))
-    _issue("tensor_copy", eng, costs.alu(current().target, eng, src.free_size, 1, _speedup(eng, "tensor_copy", dst, src)),
+        close_psum(src)
+        write(dst, read_f32(src) if src.dtype.is_float or dst.dtype.is_float else read(src))
+    issue("tensor_copy", eng, costs.alu(current().target, eng, src.free_size, 1, speedup(eng, "tensor_copy", dst, src)),
            [src], [dst])
 
 
 def memset(dst: NkiTensor, value, engine=engine.unknown, name=None):
-    _tile("memset", "dst", dst)
-    eng = _engine("memset", engine, (costs.VECTOR, costs.GPSIMD), costs.VECTOR)
-    _no_gpsimd_psum("memset", eng, dst)
+    tile("memset", "dst", dst)
+    eng = choose_engine("memset", engine, (costs.VECTOR, costs.GPSIMD), costs.VECTOR)
+    no_gpsimd_psum("memset", eng, dst)
     if dst.dtype.packed:
         if value != 0:
             raise NkiValidationError(f"memset of packed dtype {dst.dtype} supports only value=0, got {value}")
         dst.torch_view().zero_()
     else:
         # a float64 constant, rounded to dst's dtype once (-3.4028235e38 is float32's lowest)
-        _write(dst, torch.full((dst.partitions, dst.free_size), value,
+        write(dst, torch.full((dst.partitions, dst.free_size), value,
                                dtype=torch.float64 if dst.dtype.is_float else torch.int64))
-    _issue("memset", eng, costs.alu(current().target, eng, dst.free_size, 1), [], [dst])
+    issue("memset", eng, costs.alu(current().target, eng, dst.free_size, 1), [], [dst])
 
 
 def tensor_copy_predicated(dst: NkiTensor, src, predicate: NkiTensor, reverse_pred=False, name=None):
-    _tile("tensor_copy_predicated", "dst", dst)
-    _tile("tensor_copy_predicated", "predicate", predicate)
-    _same_layout("tensor_copy_predicated", "predicate", predicate, "dst", dst)
+    tile("tensor_copy_predicated", "dst", dst)
+    tile("tensor_copy_predicated", "predicate", predicate)
+    same_layout("tensor_copy_predicated", "predicate", predicate, "dst", dst)
     if predicate.dtype not in (dt.uint8, dt.uint16, dt.uint32):
         raise NkiValidationError(f"tensor_copy_predicated predicate must be uint8, uint16 or uint32, got {predicate.dtype}")
-    mask = _read(predicate) != 0
+    mask = read(predicate) != 0
     if reverse_pred:
         mask = ~mask
-    old = _read(dst)
+    old = read(dst)
     if isinstance(src, NkiTensor):
-        _tile("tensor_copy_predicated", "src", src)
-        _same_layout("tensor_copy_predicated", "src", src, "dst", dst)
+        tile("tensor_copy_predicated", "src", src)
+        same_layout("tensor_copy_predicated", "src", src, "dst", dst)
         if src.buffer == PSUM and predicate.buffer == PSUM:
             raise NkiValidationError("tensor_copy_predicated: src and predicate cannot both be in PSUM")
         if src.dtype != dst.dtype:
             raise NkiValidationError(f"tensor_copy_predicated src.dtype {src.dtype} must equal dst.dtype {dst.dtype}")
-        new = _read(src)
+        new = read(src)
     else:
         new = torch.full_like(old, src)
-    _write(dst, torch.where(mask, new, old))
-    _issue("tensor_copy_predicated", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
+    write(dst, torch.where(mask, new, old))
+    issue("tensor_copy_predicated", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
            [src, predicate, dst], [dst])
 
 
@@ -428,10 +271,10 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
               is_moving_onezero=False, is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
               perf_mode=matmul_perf_mode.none, name=None):
     target = current().target
-    _tile("nc_matmul", "stationary", stationary, buffers=(SBUF,))
-    _tile("nc_matmul", "moving", moving, buffers=(SBUF,))
+    tile("nc_matmul", "stationary", stationary, buffers=(SBUF,))
+    tile("nc_matmul", "moving", moving, buffers=(SBUF,))
     if not isinstance(dst, NkiTensor) or dst.buffer != PSUM:
-        _tile("nc_matmul", "dst", dst, buffers=(PSUM,))
+        tile("nc_matmul", "dst", dst, buffers=(PSUM,))
     rows, cols = _matmul_tiling(tile_position, tile_size, perf_mode)
     double = perf_mode == matmul_perf_mode.double_row
     allowed = _MATMUL_DTYPES + ((dt.float8_e4m3fn,) if target.version >= 4 else ())
@@ -475,30 +318,30 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if dst.partitions != m or dst.free_size != n:
         raise NkiValidationError(f"nc_matmul dst must be {m} x {n} (stationary free x moving free), got "
                                  f"{dst.partitions} x {dst.free_size} {dst.shape}")
-    _tile("nc_matmul", "dst", dst, buffers=(PSUM,))
+    tile("nc_matmul", "dst", dst, buffers=(PSUM,))
     if is_transpose:
         if n != k:
             raise NkiValidationError(f"nc_matmul with is_transpose=True needs a {k} x {k} identity as moving, got "
                                      f"{moving.shape}")
         # bit-accurate: the stationary tile's bits, transposed
         dst.torch_view().copy_(stationary.torch_view().reshape(k, m).t().reshape(dst.shape))
-        _close_psum(dst)
+        close_psum(dst)
     else:
-        a = _read_f32(stationary).reshape(-1 if not double else 2 * k, m)
-        b = _read_f32(moving).reshape(-1 if not double else 2 * k, n)
+        a = read_f32(stationary).reshape(-1 if not double else 2 * k, m)
+        b = read_f32(moving).reshape(-1 if not double else 2 * k, n)
         product = a.t() @ b  # float32 accumulation, as in the Tensor Engine
-        acc = _acc_view(dst)
+        acc = acc_view(dst)
         if accumulate is None:
             add = acc.reshape(m, n) if acc is not None else torch.zeros(m, n, dtype=torch.bool)
         else:
             add = torch.full((m, n), bool(accumulate))
-        old = _read_f32(dst)
+        old = read_f32(dst)
         result = torch.where(add, old + product, product)
         dst.torch_view().copy_(dt.encode(result, dst.dtype).reshape(dst.shape))
         if acc is not None:
             acc.fill_(True)
     onezero = is_stationary_onezero or is_moving_onezero
-    _issue("nc_matmul", costs.TENSOR, costs.matmul(target, n, moving.dtype, onezero=onezero, transpose=is_transpose),
+    issue("nc_matmul", costs.TENSOR, costs.matmul(target, n, moving.dtype, onezero=onezero, transpose=is_transpose),
            [stationary, moving] + ([dst] if not is_transpose else []), [dst])
 
 
@@ -519,11 +362,11 @@ def _matmul_tiling(tile_position, tile_size, perf_mode):
 
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=None):
-    _tile("nc_transpose", "data", data)
-    _tile("nc_transpose", "dst", dst)
+    tile("nc_transpose", "data", data)
+    tile("nc_transpose", "dst", dst)
     p, f = data.partitions, data.free_size
     default = costs.TENSOR if (data.buffer == SBUF and dst.buffer == PSUM) else costs.VECTOR
-    eng = _engine("nc_transpose", engine, (costs.TENSOR, costs.VECTOR), default)
+    eng = choose_engine("nc_transpose", engine, (costs.TENSOR, costs.VECTOR), default)
     limit = 128 if eng == costs.TENSOR else 32
     if p > limit or f > limit:
         raise NkiValidationError(f"nc_transpose on the {eng} engine handles tiles up to [{limit}, {limit}], got [{p}, {f}]")
@@ -533,134 +376,122 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=No
         raise NkiValidationError(f"nc_transpose dst dtype {dst.dtype} must equal data dtype {data.dtype}")
     if dst.partitions != f or dst.free_size != p:
         raise NkiValidationError(f"nc_transpose of a [{p}, {f}] tile needs a [{f}, {p}] dst, got {dst.shape}")
-    _close_psum(data)
+    close_psum(data)
     dst.torch_view().copy_(data.torch_view().reshape(p, f).t().reshape(dst.shape))
-    _close_psum(dst)
+    close_psum(dst)
     cost = costs.matmul(current().target, p, data.dtype, transpose=True) if eng == costs.TENSOR else \
         costs.alu(current().target, eng, f)
-    _issue("nc_transpose", eng, cost, [data], [dst])
+    issue("nc_transpose", eng, cost, [data], [dst])
 
 
 # --- Vector / Scalar / GpSimd: element-wise ------------------------------------------------------------
 def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op, engine=engine.unknown, name=None):
     op = ops.as_operator(op, instr="tensor_tensor")
     for nm, t in (("data1", data1), ("data2", data2), ("dst", dst)):
-        _tile("tensor_tensor", nm, t)
-    _same_layout("tensor_tensor", "data1", data1, "data2", data2)
-    _same_layout("tensor_tensor", "data1", data1, "dst", dst)
+        tile("tensor_tensor", nm, t)
+    same_layout("tensor_tensor", "data1", data1, "data2", data2)
+    same_layout("tensor_tensor", "data1", data1, "dst", dst)
     if data1.buffer == PSUM and data2.buffer == PSUM:
         raise NkiValidationError("tensor_tensor data1 and data2 cannot both be in PSUM")
     if op.arity != 2:
         raise NkiValidationError(f"tensor_tensor needs a binary operator, got {op!r}")
-    native_int = _ints(dst, data1, data2) and all(t.dtype in (dt.int32, dt.uint32) for t in (dst, data1, data2))
+    native_int = all_int(dst, data1, data2) and all(t.dtype in (dt.int32, dt.uint32) for t in (dst, data1, data2))
     default = costs.GPSIMD if (op is ops.power or native_int) and not any(
         t.buffer == PSUM for t in (dst, data1, data2)) else costs.VECTOR
-    eng = _engine("tensor_tensor", engine, (costs.VECTOR, costs.GPSIMD), default)
-    _no_gpsimd_psum("tensor_tensor", eng, dst, data1, data2)
-    _close_psum(data1), _close_psum(data2)
+    eng = choose_engine("tensor_tensor", engine, (costs.VECTOR, costs.GPSIMD), default)
+    no_gpsimd_psum("tensor_tensor", eng, dst, data1, data2)
+    close_psum(data1), close_psum(data2)
     if op.kind == ops.BITVEC:
-        _bitvec_dtypes("tensor_tensor", dst, data1, data2)
-        result = op.fn(_read(data1).to(torch.int64), _read(data2).to(torch.int64))
+        bitvec_dtypes("tensor_tensor", dst, data1, data2)
+        result = op.fn(read(data1).to(torch.int64), read(data2).to(torch.int64))
     elif native_int and eng == costs.GPSIMD:
-        result = op.fn(_read(data1).to(torch.int64), _read(data2).to(torch.int64))
+        result = op.fn(read(data1).to(torch.int64), read(data2).to(torch.int64))
     else:
-        result = op.fn(_read_f32(data1), _read_f32(data2))
-    _write(dst, result)
-    _issue("tensor_tensor", eng, costs.alu(current().target, eng, dst.free_size, 2,
-                                           _speedup(eng, "tensor_tensor", dst, data1, data2)), [data1, data2], [dst])
-
-
-def _bitvec_dtypes(instr: str, *tiles) -> None:
-    for t in tiles:
-        if not (t.dtype.is_int or t.dtype is dt.bool_):
-            raise NkiValidationError(f"{instr} with a bitvec operator needs integer tiles, {t.name!r} is {t.dtype}")
+        result = op.fn(read_f32(data1), read_f32(data2))
+    write(dst, result)
+    issue("tensor_tensor", eng, costs.alu(current().target, eng, dst.free_size, 2,
+                                           speedup(eng, "tensor_tensor", dst, data1, data2)), [data1, data2], [dst])
 
 
 def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0=False, op1=None, operand1=None,
                   reverse1=False, engine=engine.unknown, name=None):
-    _tile("tensor_scalar", "dst", dst)
-    _tile("tensor_scalar", "data", data)
-    _same_layout("tensor_scalar", "data", data, "dst", dst)
+    tile("tensor_scalar", "dst", dst)
+    tile("tensor_scalar", "data", data)
+    same_layout("tensor_scalar", "data", data, "dst", dst)
     op0 = ops.as_operator(op0, instr="tensor_scalar", what="op0")
     op1 = ops.as_operator(op1, instr="tensor_scalar", what="op1") if op1 is not None else None
     if op1 is None and operand1 is not None:
         raise NkiValidationError("tensor_scalar: operand1 given without op1")
     if op1 is not None and (op0.kind == ops.BITVEC) != (op1.kind == ops.BITVEC):
         raise NkiValidationError(f"tensor_scalar op0 {op0!r} and op1 {op1!r} must both be bitvec or both arithmetic")
-    eng = _engine("tensor_scalar", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
-    _no_gpsimd_psum("tensor_scalar", eng, dst, data, operand0, operand1)
+    eng = choose_engine("tensor_scalar", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
+    no_gpsimd_psum("tensor_scalar", eng, dst, data, operand0, operand1)
     p = data.partitions
-    _close_psum(data)
+    close_psum(data)
     if op0.kind == ops.BITVEC:
-        _bitvec_dtypes("tensor_scalar", dst, data)
-        x = _read(data).to(torch.int64)
-        x = _alu(op0, x, _int_operand(operand0, p), reverse=reverse0)
+        bitvec_dtypes("tensor_scalar", dst, data)
+        x = read(data).to(torch.int64)
+        x = alu(op0, x, int_operand(operand0, p), reverse=reverse0)
         if op1 is not None:
-            x = _alu(op1, x, _int_operand(operand1, p), reverse=reverse1)
+            x = alu(op1, x, int_operand(operand1, p), reverse=reverse1)
     else:
-        x = _read_f32(data)
-        x = _alu(op0, x, _column("tensor_scalar", "operand0", 0.0 if operand0 is None else operand0, p), reverse=reverse0)
+        x = read_f32(data)
+        x = alu(op0, x, column("tensor_scalar", "operand0", 0.0 if operand0 is None else operand0, p), reverse=reverse0)
         if op1 is not None:
-            x = _alu(op1, x, _column("tensor_scalar", "operand1", 0.0 if operand1 is None else operand1, p),
+            x = alu(op1, x, column("tensor_scalar", "operand1", 0.0 if operand1 is None else operand1, p),
                      reverse=reverse1)
-    _write(dst, x)
-    _issue("tensor_scalar", eng, costs.alu(current().target, eng, dst.free_size, 1, _speedup(eng, "tensor_scalar", dst, data)),
+    write(dst, x)
+    issue("tensor_scalar", eng, costs.alu(current().target, eng, dst.free_size, 1, speedup(eng, "tensor_scalar", dst, data)),
            [data, operand0, operand1], [dst])
-
-
-def _int_operand(v, p: int):
-    if isinstance(v, NkiTensor):
-        return _read(v).reshape(p, 1).to(torch.int64)
-    return int(v or 0)
 
 
 def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0, operand0, op1, operand1: NkiTensor, reverse0=False,
                          reverse1=False, name=None):
     for nm, t in (("dst", dst), ("data", data), ("operand1", operand1)):
-        _tile("scalar_tensor_tensor", nm, t)
-    _same_layout("scalar_tensor_tensor", "data", data, "operand1", operand1)
-    _same_layout("scalar_tensor_tensor", "data", data, "dst", dst)
+        tile("scalar_tensor_tensor", nm, t)
+    same_layout("scalar_tensor_tensor", "data", data, "operand1", operand1)
+    same_layout("scalar_tensor_tensor", "data", data, "dst", dst)
     if data.buffer == PSUM and operand1.buffer == PSUM:
         raise NkiValidationError("scalar_tensor_tensor data and operand1 cannot both be in PSUM")
     op0 = ops.as_operator(op0, instr="scalar_tensor_tensor", what="op0")
     op1 = ops.as_operator(op1, instr="scalar_tensor_tensor", what="op1")
     if ops.BITVEC in (op0.kind, op1.kind):
         raise NkiValidationError("scalar_tensor_tensor takes arithmetic operators only")
-    _close_psum(data), _close_psum(operand1)
-    x = _alu(op0, _read_f32(data), _column("scalar_tensor_tensor", "operand0", operand0, data.partitions),
+    close_psum(data), close_psum(operand1)
+    x = alu(op0, read_f32(data), column("scalar_tensor_tensor", "operand0", operand0, data.partitions),
              reverse=reverse0)
-    x = _alu(op1, x, _read_f32(operand1), reverse=reverse1)
-    _write(dst, x)
-    _issue("scalar_tensor_tensor", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
+    x = alu(op1, x, read_f32(operand1), reverse=reverse1)
+    write(dst, x)
+    issue("scalar_tensor_tensor", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
            [data, operand0, operand1], [dst])
 
 
 def reciprocal(dst: NkiTensor, data: NkiTensor, name=None):
-    _tile("reciprocal", "dst", dst)
-    _tile("reciprocal", "data", data)
-    _same_layout("reciprocal", "data", data, "dst", dst)
-    _close_psum(data)
-    _write(dst, torch.reciprocal(_read_f32(data)))
+    tile("reciprocal", "dst", dst)
+    tile("reciprocal", "data", data)
+    same_layout("reciprocal", "data", data, "dst", dst)
+    close_psum(data)
+    write(dst, torch.reciprocal(read_f32(data)))
     # Vector Engine reciprocal: about 8 cycles per element (the NKI API docs' engine selection table)
-    _issue("reciprocal", costs.VECTOR, costs.alu(current().target, costs.VECTOR, 8 * data.free_size), [data], [dst])
+    issue("reciprocal", costs.VECTOR, costs.alu(current().target, costs.VECTOR, 8 * data.free_size), [data], [dst])
 
 
 def activation(dst: NkiTensor, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None):
     out = _activate("activation", dst, op, data, bias, scale, reduce_res)
-    _accumulate(current(), "scalar_acc", "activation", out, reduce_op, reduce_cmd, reduce_res)
+    accumulate(current(), "scalar_acc", "activation", out, reduce_op, reduce_cmd, reduce_res)
 
 
 def activation_reduce(dst: NkiTensor, op, data: NkiTensor, reduce_op, reduce_res: NkiTensor, bias=None, scale=1.0,
                       name=None):
     out = _activate("activation_reduce", dst, op, data, bias, scale, reduce_res)
-    _accumulate(current(), "scalar_acc", "activation_reduce", out, reduce_op, reduce_cmd.reset_reduce, reduce_res)
+    accumulate(current(), "scalar_acc", "activation_reduce", out, reduce_op, reduce_cmd.reset_reduce, reduce_res)
 
 
 def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
-    _tile(instr, "dst", dst)
-    _tile(instr, "data", data)
-    _same_layout(instr, "data", data, "dst", dst)
+    tile(instr, "dst", dst)
+    tile(instr, "data", data)
+    same_layout(instr, "data", data, "dst", dst)
     op = ops.as_operator(op, instr=instr)
     if not op.activation:
         raise NkiValidationError(f"{instr}: {op!r} is not an activation function of the Scalar Engine "
@@ -668,72 +499,22 @@ def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
     p = data.partitions
     if isinstance(scale, NkiTensor) and scale.dtype != dt.float32:
         raise NkiValidationError(f"{instr} scale must be float32, got {scale.dtype}")
-    _close_psum(data)
-    x = _read_f32(data) * _column(instr, "scale", scale, p)
+    close_psum(data)
+    x = read_f32(data) * column(instr, "scale", scale, p)
     if bias is not None:
-        x = x + _column(instr, "bias", bias, p)
+        x = x + column(instr, "bias", bias, p)
     out = op.fn(x)
-    _write(dst, out)
+    write(dst, out)
     # reading the accumulators out into reduce_res is one more short instruction
     extra = costs.ACC_READ_CYCLES if read_out else 0
-    _issue(instr, costs.SCALAR, costs.alu(current().target, costs.SCALAR, data.free_size, extra_cycles=extra),
+    issue(instr, costs.SCALAR, costs.alu(current().target, costs.SCALAR, data.free_size, extra_cycles=extra),
            [data, bias, scale], [dst] + ([read_out] if read_out is not None else []))
     return out
 
 
-def _accumulate(program, reg: str, instr: str, values: torch.Tensor, reduce_op, cmd, reduce_res, *, init=None,
-                negate=False) -> None:
-    """An engine's per-partition accumulator registers: reset, reduce into, read out."""
-    if not isinstance(cmd, reduce_cmd):
-        raise NkiValidationError(f"{instr}: reduce_cmd={cmd!r} is not an nki.isa.reduce_cmd")
-    p = values.shape[0]
-    op = ops.as_operator(reduce_op, instr=instr, what="reduce_op") if reduce_op is not None else ops.add
-    if op.identity is None:
-        raise NkiValidationError(f"{instr}: {op!r} is not a reduction operator")
-    regs = getattr(program, reg)
-    if regs is None or regs.shape[0] != p:
-        regs = torch.zeros(p, 1)
-    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce):
-        regs = torch.full((p, 1), float(op.identity))
-    elif cmd == reduce_cmd.load_reduce:
-        regs = torch.zeros(p, 1) + _column(instr, "reduce_init", init, p)
-    if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce, reduce_cmd.load_reduce):
-        regs = op.fn(regs, _reduce(op, values, 1, keepdim=True))
-    setattr(program, reg, regs)
-    if reduce_res is not None:
-        _tile(instr, "reduce_res", reduce_res)
-        if reduce_res.partitions != p or reduce_res.free_size != 1:
-            raise NkiValidationError(f"{instr} reduce_res must be a ({p}, 1) tile, got {reduce_res.shape}")
-        _write(reduce_res, -regs if negate else regs)
-
-
-def _reduce(op: ops.Operator, x: torch.Tensor, dim, keepdim=False) -> torch.Tensor:
-    if op is ops.add:
-        return x.sum(dim, keepdim=keepdim)
-    if op is ops.subtract:
-        return -x.sum(dim, keepdim=keepdim)
-    if op is ops.multiply:
-        dims = (dim,) if isinstance(dim, int) else tuple(dim)
-        for d in sorted(dims, reverse=True):
-            x = x.prod(d, keepdim=True)
-        return x if keepdim else x.squeeze(dims)
-    if op is ops.maximum:
-        return x.amax(dim, keepdim=keepdim)
-    if op is ops.minimum:
-        return x.amin(dim, keepdim=keepdim)
-    if op in (ops.logical_and, ops.logical_or, ops.logical_xor, ops.bitwise_and, ops.bitwise_or, ops.bitwise_xor):
-        dims = (dim,) if isinstance(dim, int) else tuple(dim)
-        x = x.movedim(dims, tuple(range(-len(dims), 0))).flatten(-len(dims))
-        acc = x[..., 0]
-        for i in range(1, x.shape[-1]):
-            acc = op.fn(acc, x[..., i])
-        return acc.unsqueeze(-1) if keepdim else acc
-    raise NkiValidationError(f"{op!r} is not a reduction operator")
-
-
 def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate=False, keepdims=False, name=None):
-    _tile("tensor_reduce", "dst", dst)
-    _tile("tensor_reduce", "data", data)
+    tile("tensor_reduce", "dst", dst)
+    tile("tensor_reduce", "data", data)
     op = ops.as_operator(op, instr="tensor_reduce")
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(sorted(a % data.ndim for a in axes))
@@ -747,36 +528,36 @@ def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate=False, keepd
     if dst.partitions != data.partitions or dst.free_size != kept:
         raise NkiValidationError(f"tensor_reduce of {data.shape} over axes {axes} gives {data.partitions} x {kept}, "
                                  f"dst is {dst.partitions} x {dst.free_size} {dst.shape}")
-    _close_psum(data)
+    close_psum(data)
     if op.kind == ops.BITVEC:
-        _bitvec_dtypes("tensor_reduce", dst, data)
+        bitvec_dtypes("tensor_reduce", dst, data)
         x = dt.decode(data.torch_view(), data.dtype).to(torch.int64)
     else:
         x = dt.decode(data.torch_view(), data.dtype).to(torch.float32)
-    r = _reduce(op, x, axes).reshape(data.partitions, kept)
+    r = reduce(op, x, axes).reshape(data.partitions, kept)
     if negate:
         if op.kind == ops.BITVEC:
             raise NkiValidationError("tensor_reduce negate applies to arithmetic operators only")
         r = -r
-    _write(dst, r)
-    _issue("tensor_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    write(dst, r)
+    issue("tensor_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
 
 
 def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
                          reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
-    _tile("tensor_scalar_reduce", "dst", dst)
-    _tile("tensor_scalar_reduce", "data", data)
-    _same_layout("tensor_scalar_reduce", "data", data, "dst", dst)
+    tile("tensor_scalar_reduce", "dst", dst)
+    tile("tensor_scalar_reduce", "data", data)
+    same_layout("tensor_scalar_reduce", "data", data, "dst", dst)
     op0 = ops.as_operator(op0, instr="tensor_scalar_reduce", what="op0")
     if op0.kind == ops.BITVEC:
         raise NkiValidationError("tensor_scalar_reduce takes an arithmetic op0 only")
-    _close_psum(data)
-    x = _alu(op0, _read_f32(data), _column("tensor_scalar_reduce", "operand0", 0.0 if operand0 is None else operand0,
+    close_psum(data)
+    x = alu(op0, read_f32(data), column("tensor_scalar_reduce", "operand0", 0.0 if operand0 is None else operand0,
                                            data.partitions), reverse=reverse0)
-    _write(dst, x)
-    _accumulate(current(), "vector_acc", "tensor_scalar_reduce", x, reduce_op, reduce_cmd, reduce_res,
+    write(dst, x)
+    accumulate(current(), "vector_acc", "tensor_scalar_reduce", x, reduce_op, reduce_cmd, reduce_res,
                 init=reduce_init, negate=reduce_res_negate)
-    _issue("tensor_scalar_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size),
+    issue("tensor_scalar_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size),
            [data, operand0], [dst] + ([reduce_res] if reduce_res is not None else []))
 
 
@@ -798,28 +579,28 @@ def _affine(instr: str, p: int, free: int, pattern, offset: int, channel_multipl
 
 
 def iota(dst: NkiTensor, pattern, offset=0, channel_multiplier=0, name=None):
-    _tile("iota", "dst", dst, buffers=(SBUF,))
+    tile("iota", "dst", dst, buffers=(SBUF,))
     values = _affine("iota", dst.partitions, dst.free_size, pattern, offset, channel_multiplier)
-    _write(dst, values.to(torch.float32) if dst.dtype.is_float else values)
-    _issue("iota", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size), [], [dst])
+    write(dst, values.to(torch.float32) if dst.dtype.is_float else values)
+    issue("iota", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size), [], [dst])
 
 
 def affine_select(dst: NkiTensor, pattern, channel_multiplier, on_true_tile: NkiTensor, on_false_value,
                   cmp_op=ops.equal, offset=0, name=None):
-    _tile("affine_select", "dst", dst, buffers=(SBUF,))
-    _tile("affine_select", "on_true_tile", on_true_tile, buffers=(SBUF,))
-    _same_layout("affine_select", "on_true_tile", on_true_tile, "dst", dst)
+    tile("affine_select", "dst", dst, buffers=(SBUF,))
+    tile("affine_select", "on_true_tile", on_true_tile, buffers=(SBUF,))
+    same_layout("affine_select", "on_true_tile", on_true_tile, "dst", dst)
     cmp_op = ops.as_operator(cmp_op, instr="affine_select", what="cmp_op")
     values = _affine("affine_select", dst.partitions, dst.free_size, pattern, offset, channel_multiplier)
     predicate = cmp_op.fn(values.to(torch.float32), torch.zeros(())) != 0
     if on_true_tile.dtype == dst.dtype:
-        chosen = _read(on_true_tile)
+        chosen = read(on_true_tile)
         false = torch.full_like(chosen, 0) + dt.decode(dt.encode(torch.tensor([float(on_false_value)]), dst.dtype),
                                                        dst.dtype)[0].to(chosen.dtype)
-        _write(dst, torch.where(predicate, chosen, false))
+        write(dst, torch.where(predicate, chosen, false))
     else:
-        _write(dst, torch.where(predicate, _read_f32(on_true_tile), torch.tensor(float(on_false_value))))
-    _issue("affine_select", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size),
+        write(dst, torch.where(predicate, read_f32(on_true_tile), torch.tensor(float(on_false_value))))
+    issue("affine_select", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size),
            [on_true_tile], [dst])
 
 
@@ -828,9 +609,9 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bo
                  on_false_value=-3.4028234663852886e38, name=None):
     if current().target.version < 3:
         raise NkiValidationError("range_select is available on NeuronCore-v3 (trn2) and newer")
-    _tile("range_select", "dst", dst)
-    _tile("range_select", "on_true_tile", on_true_tile)
-    _same_layout("range_select", "on_true_tile", on_true_tile, "dst", dst)
+    tile("range_select", "dst", dst)
+    tile("range_select", "on_true_tile", on_true_tile)
+    same_layout("range_select", "on_true_tile", on_true_tile, "dst", dst)
     allowed = (ops.equal, ops.less, ops.less_equal, ops.greater, ops.greater_equal)
     c0 = ops.as_operator(comp_op0, instr="range_select", what="comp_op0")
     c1 = ops.as_operator(comp_op1, instr="range_select", what="comp_op1")
@@ -838,52 +619,52 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bo
         raise NkiValidationError("range_select comparison operators must be nl.equal, nl.less, nl.less_equal, "
                                  "nl.greater or nl.greater_equal")
     p, f = on_true_tile.partitions, on_true_tile.free_size
-    b0 = _column("range_select", "bound0", bound0, p)
-    b1 = _column("range_select", "bound1", bound1, p)
+    b0 = column("range_select", "bound0", bound0, p)
+    b1 = column("range_select", "bound1", bound1, p)
     index = (range_start + torch.arange(f, dtype=torch.float32)).reshape(1, f)
     mask = (c0.fn(index, b0) != 0) & (c1.fn(index, b1) != 0)
-    out = torch.where(mask, _read_f32(on_true_tile), torch.tensor(float(on_false_value), dtype=torch.float64).float())
-    _write(dst, out)
-    _accumulate(current(), "vector_acc", "range_select", out, reduce_op, reduce_cmd, reduce_res)
-    _issue("range_select", costs.VECTOR, costs.alu(current().target, costs.VECTOR, f), [on_true_tile, bound0, bound1],
+    out = torch.where(mask, read_f32(on_true_tile), torch.tensor(float(on_false_value), dtype=torch.float64).float())
+    write(dst, out)
+    accumulate(current(), "vector_acc", "range_select", out, reduce_op, reduce_cmd, reduce_res)
+    issue("range_select", costs.VECTOR, costs.alu(current().target, costs.VECTOR, f), [on_true_tile, bound0, bound1],
            [dst] + ([reduce_res] if reduce_res is not None else []))
 
 
 # --- Vector: statistics ---------------------------------------------------------------------------------
 def bn_stats(dst: NkiTensor, data: NkiTensor, name=None):
-    _tile("bn_stats", "dst", dst)
-    _tile("bn_stats", "data", data)
+    tile("bn_stats", "dst", dst)
+    tile("bn_stats", "data", data)
     fmax = current().target.bn_stats_fmax
     if data.free_size > fmax:
         raise NkiValidationError(f"bn_stats data has {data.free_size} elements per partition, exceeding maximum {fmax} "
                                  f"(nl.tile_size.bn_stats_fmax): run bn_stats per {fmax}-element tile, then one bn_aggr")
     if dst.partitions != data.partitions or dst.free_size != 6:
         raise NkiValidationError(f"bn_stats dst must be ({data.partitions}, 6), got {dst.shape}")
-    _close_psum(data)
-    x = _read_f32(data)
+    close_psum(data)
+    x = read_f32(data)
     parts = []
     for half in (x[:, 0::2], x[:, 1::2]):
         n = half.shape[1]
         mean = half.mean(1) if n else torch.zeros(x.shape[0])
         m2 = ((half - mean.unsqueeze(1)) ** 2).sum(1) if n else torch.zeros(x.shape[0])
         parts += [torch.full_like(mean, float(n)), mean, m2]
-    _write(dst, torch.stack(parts, 1))
-    _issue("bn_stats", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    write(dst, torch.stack(parts, 1))
+    issue("bn_stats", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
 
 
 def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None):
-    _tile("bn_aggr", "dst", dst)
-    _tile("bn_aggr", "data", data)
+    tile("bn_aggr", "dst", dst)
+    tile("bn_aggr", "data", data)
     if data.free_size % 3:
         raise NkiValidationError(f"bn_aggr data must hold (count, mean, variance*count) triples: {data.free_size} "
                                  f"elements per partition is not a multiple of 3")
     if dst.partitions != data.partitions or dst.free_size != 2:
         raise NkiValidationError(f"bn_aggr dst must be ({data.partitions}, 2), got {dst.shape}")
-    _close_psum(data)
-    t = _read_f32(data).reshape(data.partitions, -1, 3)
+    close_psum(data)
+    t = read_f32(data).reshape(data.partitions, -1, 3)
     count, mean, m2 = t[..., 0], t[..., 1], t[..., 2]
     n = count.sum(1)
     total_mean = (count * mean).sum(1) / n
     total_m2 = (m2 + count * (mean - total_mean.unsqueeze(1)) ** 2).sum(1)
-    _write(dst, torch.stack([total_mean, total_m2 / n], 1))
-    _issue("bn_aggr", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    write(dst, torch.stack([total_mean, total_m2 / n], 1))
+    issue("bn_aggr", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])

@@ -28,7 +28,7 @@ from . import dtypes as dt
 from .errors import NkiValidationError
 from .program import Launch, Program, running
 from .target import current_target
-from .tensor import SHARED_HBM, NkiTensor, Storage
+from .tensor import PRIVATE_HBM, SHARED_HBM, NkiTensor, Storage
 from .timeline import Timeline
 
 _device_runner = None
@@ -128,12 +128,15 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
     wrapped: dict[int, tuple[Storage, torch.Tensor, bool]] = {}
     numpy_mode = [False]
 
+    # as the simulator wraps them: nl.hbm for one program, nl.shared_hbm when a grid shares them
+    buffer = PRIVATE_HBM if programs == 1 else SHARED_HBM
+
     def to_nki(x):
         if isinstance(x, np.ndarray):
             numpy_mode[0] = True
             x = torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(x.copy())
         if isinstance(x, torch.Tensor):
-            return _hbm_tensor(x, wrapped)
+            return _hbm_tensor(x, wrapped, buffer)
         return x
 
     n_args, n_kwargs = pytree.tree_map(to_nki, (args, kwargs))
@@ -162,7 +165,7 @@ def _unravel(linear: int, grid: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(ids))
 
 
-def _hbm_tensor(t: torch.Tensor, wrapped: dict) -> NkiTensor:
+def _hbm_tensor(t: torch.Tensor, wrapped: dict, buffer: str) -> NkiTensor:
     """An HBM NkiTensor over the bytes of a host tensor (no copy)."""
     if t.device.type != "cpu":
         raise TypeError(f"an NKI kernel takes CPU or neuron tensors, got one on {t.device}")
@@ -176,7 +179,7 @@ def _hbm_tensor(t: torch.Tensor, wrapped: dict) -> NkiTensor:
     if entry is None:
         n = t.untyped_storage().nbytes() // t.element_size()
         flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-        storage = Storage(flat, dtype, SHARED_HBM, tuple(t.shape) or (1,), name="")
+        storage = Storage(flat, dtype, buffer, tuple(t.shape) or (1,), name="")
         wrapped[key] = entry = (storage, [])
     storage, originals = entry
     originals.append(t)

@@ -13,14 +13,18 @@ import math
 import numpy as np
 import torch
 
+from . import costs as _costs
 from . import dtypes as _dt
 from . import isa as _isa
+from . import operands as _operands
 from . import ops as _ops
-from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn, float8_e4m3fn_x4, float8_e5m2,
+from .dtypes import (  # noqa: F401  (nki.language's dtypes)
+                     bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn, float8_e4m3fn_x4, float8_e5m2,
                      float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8, int16, int32, tfloat32, uint8, uint16,
                      uint32)
 from .errors import NkiValidationError
-from .ops import (abs, abs_max, abs_min, add, arctan, bitwise_and, bitwise_or, bitwise_xor, ceil, copy, cos, divide,
+from .ops import (  # noqa: F401  (nki.language's operators)
+                  abs, abs_max, abs_min, add, arctan, bitwise_and, bitwise_or, bitwise_xor, ceil, copy, cos, divide,
                   equal, erf, erf_dx, exp, floor, fmod, gelu, gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx,
                   gelu_apprx_tanh, gelu_dx, greater, greater_equal, invert, left_shift, less, less_equal, log,
                   logical_and, logical_not, logical_or, logical_xor, maximum, minimum, mish, mod, multiply, negative,
@@ -28,7 +32,6 @@ from .ops import (abs, abs_max, abs_min, add, arctan, bitwise_and, bitwise_or, b
                   softplus, sqrt, square, subtract, tan, tanh, trunc)
 from .program import current
 from .tensor import PRIVATE_HBM, PSUM, SBUF, SHARED_HBM, DynamicSlice, MemoryRegion, NkiTensor  # noqa: F401
-from .tensor import Storage as _Storage  # noqa: F401  (re-exported for framework glue)
 
 
 sbuf, psum, private_hbm, shared_hbm = SBUF, PSUM, PRIVATE_HBM, SHARED_HBM
@@ -38,11 +41,68 @@ average = "average"
 
 
 class NKIObject:
-    """Base class of kernel dataclasses (the NKI language guide's class support)."""
+    """Base class of kernel classes, with the NKI language guide's class rules: every field
+    (each annotated name, and each plain class attribute that is not a method) is a parameter
+    of the generated __init__, positional or by keyword, defaulting to its class value or None;
+    __post_init__ runs after. A class that defines its own __init__ keeps it; @dataclass on top
+    keeps these rules (no field is then required)."""
 
-    def __init__(self, **kwargs):
-        for k, v in kwargs.items():
-            setattr(self, k, v)
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.__dict__.get("__annotations__", {}):
+            if name not in cls.__dict__:  # NKI: a field without a value defaults to None
+                setattr(cls, name, None)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = _nki_object_init
+
+    def __post_init__(self):
+        pass
+
+
+def _nki_object_fields(cls) -> dict:
+    """name -> default, base classes' first, in definition order."""
+    import dataclasses
+    fields: dict = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or klass is NKIObject:
+            continue
+        if dataclasses.is_dataclass(klass):
+            for f in dataclasses.fields(klass):
+                fields[f.name] = f
+        for name in klass.__dict__.get("__annotations__", {}):
+            fields.setdefault(name, klass.__dict__.get(name))
+        for name, value in klass.__dict__.items():
+            if not name.startswith("__") and not callable(value) and not isinstance(value, (property, staticmethod,
+                                                                                            classmethod)):
+                fields.setdefault(name, value)
+    return fields
+
+
+def _nki_object_init(self, *args, **kwargs):
+    import copy
+    import dataclasses
+    fields = _nki_object_fields(type(self))
+    names = list(fields)
+    if len(args) > len(names):
+        raise TypeError(f"{type(self).__name__}() takes {len(names)} fields ({', '.join(names)}), got {len(args)} "
+                        f"positional arguments")
+    values = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in fields:
+            raise TypeError(f"{type(self).__name__}() has no field {k!r}; its fields are {', '.join(names) or 'none'}")
+        if k in values:
+            raise TypeError(f"{type(self).__name__}() got field {k!r} twice")
+        values[k] = v
+    for name, default in fields.items():
+        if name not in values:
+            if isinstance(default, dataclasses.Field):
+                if default.default_factory is not dataclasses.MISSING:
+                    default = default.default_factory()
+                else:
+                    default = None if default.default is dataclasses.MISSING else default.default
+            values[name] = copy.copy(default) if isinstance(default, (list, dict, set)) else default
+        object.__setattr__(self, name, values[name])
+    self.__post_init__()
 
 
 class _TileSize:
@@ -124,7 +184,7 @@ def empty_like(x: NkiTensor, dtype=None, buffer=None, name="") -> NkiTensor:
 
 def rand(shape, dtype, buffer=sbuf, name="") -> NkiTensor:
     t = ndarray(shape, dtype, buffer, name)
-    _isa._write(t, torch.rand((t.partitions, t.free_size), generator=_generator()))
+    _operands.write(t, torch.rand((t.partitions, t.free_size), generator=_generator()))
     return t
 
 
@@ -252,13 +312,19 @@ def _unary(op: _ops.Operator, x, dtype=None):
     return out
 
 
+_COMPARISONS = (equal, not_equal, less, less_equal, greater, greater_equal)
+
+
 def _call_operator(op: _ops.Operator, *args, dtype=None, **kwargs):
     if op is copy:  # nl.copy(x): a copy of the tile on SBUF
         return copy_tile(args[0], dtype)
     if op.arity == 2:
         if len(args) != 2:
             raise TypeError(f"nl.{op.name}(x, y, dtype=None) takes two operands, got {len(args)}")
-        return _binary(op, args[0], args[1], dtype)
+        out = _binary(op, args[0], args[1], dtype)
+        if op in _COMPARISONS and isinstance(out, NkiTensor):
+            out.predicate = True  # Note [Tile truth]
+        return out
     if len(args) != 1:
         raise TypeError(f"nl.{op.name}(x, dtype=None) takes one operand, got {len(args)}")
     return _unary(op, args[0], dtype)
@@ -347,7 +413,7 @@ def where(condition, x, y, dtype=None):
     out = ndarray(shape, dtype or (x.dtype if _is_tile(x) else base.dtype), sbuf)
     fill = y if not _is_tile(y) else None
     if fill is None:
-        _isa.tensor_copy(out, _expand(y, shape)) if y.dtype == out.dtype else _isa._write(out, _isa._read_f32(y))
+        _isa.tensor_copy(out, _expand(y, shape)) if y.dtype == out.dtype else _operands.write(out, _operands.read_f32(y))
     else:
         _isa.memset(out, fill)
     mask = ndarray(shape, uint8, sbuf)
@@ -364,10 +430,24 @@ def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
 
 
 def broadcast_to(x: NkiTensor, shape, dtype=None) -> NkiTensor:
+    """A new tile of `shape` holding x broadcast (numpy's rules); across partitions too, which
+    takes a data movement (a DMA reading the partition again and again), not a view."""
     shape = tuple(shape)
     if x.shape == shape and (dtype is None or dtype == x.dtype):
         return x
-    return copy_tile(_expand(x, shape), dtype)
+    if len(shape) != x.ndim:
+        raise NkiValidationError(f"broadcast_to: tile {x.shape} and shape {shape} must have the same rank")
+    if x.shape[0] == shape[0]:
+        return copy_tile(_expand(x, shape), dtype)
+    if x.shape[0] != 1:
+        raise NkiValidationError(f"broadcast_to: tile {x.shape} cannot be broadcast to {shape} (partition dim "
+                                 f"{x.shape[0]} is neither 1 nor {shape[0]})")
+    row = _expand(x, (1,) + shape[1:]) if x.shape[1:] != shape[1:] else x
+    out = ndarray(shape, dtype or x.dtype, sbuf)
+    # the source pattern reads partition 0 for every partition: DMA may, a compute engine may not
+    src = row._view(shape, (0,) + row.strides[1:], row.offset)
+    _isa.dma_copy(out, src)
+    return out
 
 
 def transpose(x: NkiTensor, dtype=None) -> NkiTensor:
@@ -391,22 +471,22 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x=False) -> NkiTensor:
 
 def gather_flattened(data: NkiTensor, indices: NkiTensor, axis=0, dtype=None) -> NkiTensor:
     out = ndarray(indices.shape, dtype or data.dtype, sbuf)
-    src = _isa._read(data)
-    idx = _isa._read(indices).to(torch.int64)
+    src = _operands.read(data)
+    idx = _operands.read(indices).to(torch.int64)
     if (idx < 0).any() or (idx >= data.free_size).any():
         raise NkiValidationError(f"gather_flattened: an index is outside [0, {data.free_size})")
-    _isa._write(out, torch.gather(src, 1, idx))
-    _isa._issue("gather_flattened", "gpsimd", _isa.costs.alu(current().target, "gpsimd", indices.free_size),
+    _operands.write(out, torch.gather(src, 1, idx))
+    _operands.issue("gather_flattened", "gpsimd", _costs.alu(current().target, "gpsimd", indices.free_size),
                 [data, indices], [out])
     return out
 
 
 def dropout(x: NkiTensor, rate, dtype=None) -> NkiTensor:
     out = ndarray(x.shape, dtype or x.dtype, sbuf)
-    p = rate if not _is_tile(rate) else _isa._read_f32(rate).reshape(-1, 1)
+    p = rate if not _is_tile(rate) else _operands.read_f32(rate).reshape(-1, 1)
     keep = torch.rand((x.partitions, x.free_size), generator=_generator()) >= p
-    _isa._write(out, torch.where(keep, _isa._read_f32(x), torch.zeros(())))
-    _isa._issue("dropout", "vector", _isa.costs.alu(current().target, "vector", x.free_size), [x], [out])
+    _operands.write(out, torch.where(keep, _operands.read_f32(x), torch.zeros(())))
+    _operands.issue("dropout", "vector", _costs.alu(current().target, "vector", x.free_size), [x], [out])
     return out
 
 

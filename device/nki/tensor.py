@@ -75,7 +75,7 @@ class DynamicSlice:
 class NkiTensor:
     """A view on a Storage. See the NKI language guide, "Tensor Values"."""
 
-    __slots__ = ("storage", "shape", "strides", "offset", "dtype", "name", "dynamic")
+    __slots__ = ("storage", "shape", "strides", "offset", "dtype", "name", "dynamic", "predicate")
 
     def __init__(self, shape, dtype, storage, buffer=SBUF, name: str = "", *, strides=None, offset: int = 0,
                  dynamic=None):
@@ -87,6 +87,8 @@ class NkiTensor:
         self.name = name or (storage.name if storage is not None else "")
         # A runtime offset (scalar or per-partition), resolved when an instruction reads it.
         self.dynamic: Dynamic | None = dynamic
+        # the result of a comparison (nl.equal, ...): its truth is "every element" (Note [Tile truth])
+        self.predicate = False
         if storage is not None:
             self._check_bounds()
 
@@ -164,7 +166,12 @@ class NkiTensor:
         return dt.decode(self.torch_view(), self.dtype).clone()
 
     def __bool__(self) -> bool:
-        # A kernel's `assert nl.equal(a, b)` checks every element (the NKI docs' own examples).
+        """Note [Tile truth]: a tile is an object at specialization time, so `if tile:` asks
+        whether there is one (the NKI library tests optional tensors that way) and is True;
+        the result of a comparison (`nl.equal(a, b)`) is True when every element is, so that
+        the NKI docs' `assert nl.equal(c, expected)` checks what it says."""
+        if not self.predicate:
+            return True
         return bool(torch.all(self.values() != 0))
 
     def __array__(self, dtype=None, copy=None):
