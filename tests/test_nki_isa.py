@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import adaptive_eager.nki as nki
 import adaptive_eager.nki.isa as nisa
 import adaptive_eager.nki.language as nl
 from device.nki import dtypes as dt
@@ -344,3 +345,112 @@ def test_registers_load_store_and_drive_dynamic_loops():
     back = out((1, 1), nl.int32)
     nisa.register_store(back, reg)
     assert back.values().item() == 3
+
+
+# --- scans, search, shuffles (isa_scan.py, isa_search.py) ---------------------------------------------
+def test_tensor_tensor_scan_runs_a_linear_recurrence_along_the_free_dim():
+    a, b, init = rand(8, 20), rand(8, 20), rand(8, 1)
+    dst = out((8, 20))
+    nisa.tensor_tensor_scan(dst=dst, data0=filled(a), data1=filled(b), initial=filled(init), op0=nl.multiply,
+                            op1=nl.add)
+    state, expect = init[:, 0], []
+    for i in range(20):
+        state = a[:, i] * state + b[:, i]
+        expect.append(state)
+    assert torch.equal(dst.values(), torch.stack(expect, 1))
+
+
+def test_tensor_scalar_cumulative_is_a_running_reduction():
+    x = rand(4, 10)
+    dst = out((4, 10))
+    nisa.tensor_scalar_cumulative(dst=dst, src=filled(x), op0=nl.multiply, op1=nl.add, imm0=2.0)
+    torch.testing.assert_close(dst.values(), torch.cumsum(2 * x, 1))
+    nisa.tensor_scalar_cumulative(dst=dst, src=filled(x), op0=nl.add, op1=nl.maximum, imm0=0.0)
+    assert torch.equal(dst.values(), torch.cummax(x, 1).values)
+
+
+def test_max8_and_nc_find_index8_find_the_largest_values_and_where_they_are():
+    x = rand(16, 100)
+    top = out((16, 8))
+    nisa.max8(dst=top, src=filled(x))
+    assert torch.equal(top.values(), x.topk(8, 1).values)
+    idx = out((16, 8), nl.uint32)
+    nisa.nc_find_index8(dst=idx, data=filled(x), vals=top)
+    assert torch.equal(idx.values(), x.topk(8, 1).indices)
+
+
+def test_nc_match_replace8_pairs_duplicates_as_the_isa_docs_example():
+    data = filled(torch.tensor([[1.0, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]]))
+    vals = filled(torch.tensor([[3.0, 8, 8, 8, 8, 8, 8, 8]]))
+    dst, idx = out((1, 11)), out((1, 8), nl.uint32)
+    nisa.nc_match_replace8(dst=dst, data=data, vals=vals, imm=-1.0, dst_idx=idx)
+    assert idx.values().tolist() == [[2, 10, 9, 8, 7, 6, 5, 4]]
+    assert dst.values().tolist() == [[1.0, 2, -1, 4, -1, -1, -1, -1, -1, -1, -1]]
+
+
+def test_nonzero_with_count_works_on_each_gpsimd_cores_first_partition():
+    x = torch.zeros(32, 8)
+    x[0] = torch.tensor([0, 1, 1, 0, 0, 1, 0, 0.0])
+    x[16, 7] = 5.0
+    x[1] = 1.0  # not a core's first partition: neither read nor written
+    dst = out((32, 9), nl.int32)
+    nisa.memset(dst=dst, value=0)
+    nisa.nonzero_with_count(dst=dst, src=filled(x), index_offset=16, padding_val=-1)
+    v = dst.values()
+    assert v[0].tolist() == [17, 18, 21, -1, -1, -1, -1, -1, 3]
+    assert v[16].tolist() == [23, -1, -1, -1, -1, -1, -1, -1, 1]
+    assert (v[1] == 0).all()
+
+
+def test_nc_n_gather_gathers_within_each_partition():
+    x = rand(8, 4, 5)
+    idx = torch.randint(0, 20, (8, 7), generator=g)
+    dst = out((8, 7))
+    nisa.nc_n_gather(dst=dst, data=filled(x), indices=filled(idx, nl.uint32))
+    assert torch.equal(dst.values(), torch.gather(x.reshape(8, 20), 1, idx))
+    with pytest.raises(nisa.NkiValidationError, match="outside"):
+        nisa.nc_n_gather(dst=dst, data=filled(x), indices=filled(idx + 20, nl.uint32))
+
+
+def test_nc_stream_shuffle_permutes_partitions_within_each_quadrant():
+    x = rand(64, 4)
+    mask = list(reversed(range(32)))
+    mask[5] = 255  # partition 5 of each quadrant keeps what dst held
+    dst = filled(torch.zeros(64, 4))
+    nisa.nc_stream_shuffle(dst=dst, src=filled(x), shuffle_mask=mask)
+    expect = torch.cat([x[:32].flip(0), x[32:].flip(0)])
+    expect[5] = expect[37] = 0.0
+    assert torch.equal(dst.values(), expect)
+
+
+def test_select_reduce_and_tensor_partition_reduce():
+    x, pred = rand(8, 16), torch.randint(0, 2, (8, 16), generator=g)
+    dst, mx = out((8, 16)), out((8, 1))
+    nisa.select_reduce(dst=dst, predicate=filled(pred, nl.uint8), on_true=filled(x), on_false=-5.0, reduce_res=mx,
+                       reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    expect = torch.where(pred.bool(), x, torch.tensor(-5.0))
+    assert torch.equal(dst.values(), expect) and torch.equal(mx.values(), expect.amax(1, keepdim=True))
+    total = out((1, 16))
+    nisa.tensor_partition_reduce(dst=total, op=nl.add, data=filled(x))
+    torch.testing.assert_close(total.values(), x.sum(0, keepdim=True))
+
+
+def test_exponential_is_a_trn3_vector_instruction(monkeypatch):
+    x = rand(4, 8)
+    with pytest.raises(nisa.NkiValidationError, match="NeuronCore-v4"):
+        nisa.exponential(dst=out((4, 8)), src=filled(x))
+
+    @nki.jit
+    def kernel(a):
+        t = nl.load(a)
+        e, s = nl.ndarray(a.shape, nl.float32, nl.sbuf), nl.ndarray((a.shape[0], 1), nl.float32, nl.sbuf)
+        nisa.exponential(dst=e, src=t, max_value=1.0, reduce_res=s, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        out_e = nl.ndarray(a.shape, nl.float32, nl.shared_hbm)
+        out_s = nl.ndarray((a.shape[0], 1), nl.float32, nl.shared_hbm)
+        nl.store(out_e, e)
+        nl.store(out_s, s)
+        return out_e, out_s
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    e, s = kernel(x)
+    assert torch.equal(e, torch.exp(x - 1.0)) and torch.allclose(s, torch.exp(x - 1.0).sum(1, keepdim=True))

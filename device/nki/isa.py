@@ -19,8 +19,7 @@ from . import ops
 from .constants import (  # noqa: F401  (nki.isa's enumerations)
     dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd)
 from .errors import NkiValidationError
-from .operands import (accumulate, acc_view, all_int, alu, bitvec_dtypes, choose_engine, close_psum, column, copy_bits,
-                       int_operand, issue, no_gpsimd_psum, read, read_f32, reduce, same_layout, speedup, tile, write)
+from . import operands as _op
 from .program import current
 from .tensor import PSUM, SBUF, NkiTensor
 
@@ -67,15 +66,15 @@ def register_move(dst: VirtualRegister, src) -> None:
 
 def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
     _writable_register(dst)
-    tile("register_load", "src", src, buffers=(SBUF,))
+    _op.tile("register_load", "src", src, buffers=(SBUF,))
     if src.size != 1:
         raise NkiValidationError(f"register_load src must be a 1x1 SBUF tile, got {src.shape}")
     dst.value = int(src.values().reshape(-1)[0].item())
 
 
 def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
-    tile("register_store", "dst", dst, buffers=(SBUF,))
-    write(dst, torch.full((dst.partitions, dst.free_size), float(src.value)))
+    _op.tile("register_store", "dst", dst, buffers=(SBUF,))
+    _op.write(dst, torch.full((dst.partitions, dst.free_size), float(src.value)))
 
 
 def _writable_register(r) -> None:
@@ -90,8 +89,8 @@ def _writable_register(r) -> None:
 def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              engine=engine.unknown, name=None):
     buffers = (SBUF, "private_hbm", "shared_hbm")
-    tile("dma_copy", "dst", dst, buffers=buffers)
-    tile("dma_copy", "src", src, buffers=buffers)
+    _op.tile("dma_copy", "dst", dst, buffers=buffers)
+    _op.tile("dma_copy", "src", src, buffers=buffers)
     n_src, n_dst = src.size, dst.size
     if n_src != n_dst:
         raise NkiValidationError(f"dma_copy src has {n_src} elements {src.shape}, dst has {n_dst} {dst.shape}: "
@@ -102,8 +101,8 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority=None, oob_mode=oob_mode.er
     else:  # DMA converts through float32
         stored = dt.encode(dt.decode(values, src.dtype).to(torch.float32), dst.dtype)
     _scatter(dst, stored, oob_mode, keep)
-    close_psum(dst)
-    issue("dma_copy", costs.DMA, _dma_cost(src, dst), [src], [dst])
+    _op.close_psum(dst)
+    _op.issue("dma_copy", costs.DMA, _dma_cost(src, dst), [src], [dst])
 
 
 def _dma_cost(src: NkiTensor, dst: NkiTensor, efficiency: float = 1.0) -> costs.Cost:
@@ -172,8 +171,8 @@ def _scatter(dst: NkiTensor, stored: torch.Tensor, oob, keep=None) -> None:
 
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_mode=dge_mode.unknown,
                   oob_mode=oob_mode.error, name=None):
-    tile("dma_transpose", "dst", dst, buffers=(SBUF,))
-    tile("dma_transpose", "src", src, buffers=(SBUF, "private_hbm", "shared_hbm"))
+    _op.tile("dma_transpose", "dst", dst, buffers=(SBUF,))
+    _op.tile("dma_transpose", "src", src, buffers=(SBUF, "private_hbm", "shared_hbm"))
     perms = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
     if src.ndim not in perms:
         raise NkiValidationError(f"dma_transpose src must be 2-D, 3-D or 4-D, got {src.shape}")
@@ -190,65 +189,65 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_
     if tuple(values.shape) != dst.shape and values.numel() != dst.size:
         raise NkiValidationError(f"dma_transpose of {src.shape} gives {tuple(values.shape)}, dst is {dst.shape}")
     dst.torch_view().copy_(values.reshape(dst.shape))
-    issue("dma_transpose", costs.DMA, _dma_cost(src, dst, efficiency=0.5 if src.on_chip else 0.9), [src], [dst])
+    _op.issue("dma_transpose", costs.DMA, _dma_cost(src, dst, efficiency=0.5 if src.on_chip else 0.9), [src], [dst])
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None, dtype=None):
     if dtype is not None and dt.as_dtype(dtype) != dst.dtype:  # older kernels pass it; dst's dtype decides
         raise NkiValidationError(f"tensor_copy dtype={dtype} differs from dst's dtype {dst.dtype}: the destination's "
                                  f"dtype is the result's; drop dtype= or allocate dst as {dtype}")
-    tile("tensor_copy", "dst", dst)
-    tile("tensor_copy", "src", src)
-    same_layout("tensor_copy", "src", src, "dst", dst)
-    eng = choose_engine("tensor_copy", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
-    no_gpsimd_psum("tensor_copy", eng, dst, src)
+    _op.tile("tensor_copy", "dst", dst)
+    _op.tile("tensor_copy", "src", src)
+    _op.same_layout("tensor_copy", "src", src, "dst", dst)
+    eng = _op.choose_engine("tensor_copy", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
+    _op.no_gpsimd_psum("tensor_copy", eng, dst, src)
     if src.dtype == dst.dtype:
-        close_psum(src)
-        copy_bits(dst, src)
+        _op.close_psum(src)
+        _op.copy_bits(dst, src)
     else:
-        close_psum(src)
-        write(dst, read_f32(src) if src.dtype.is_float or dst.dtype.is_float else read(src))
-    issue("tensor_copy", eng, costs.alu(current().target, eng, src.free_size, 1, speedup(eng, "tensor_copy", dst, src)),
+        _op.close_psum(src)
+        _op.write(dst, _op.read_f32(src) if src.dtype.is_float or dst.dtype.is_float else _op.read(src))
+    _op.issue("tensor_copy", eng, costs.alu(current().target, eng, src.free_size, 1, _op.speedup(eng, "tensor_copy", dst, src)),
            [src], [dst])
 
 
 def memset(dst: NkiTensor, value, engine=engine.unknown, name=None):
-    tile("memset", "dst", dst)
-    eng = choose_engine("memset", engine, (costs.VECTOR, costs.GPSIMD), costs.VECTOR)
-    no_gpsimd_psum("memset", eng, dst)
+    _op.tile("memset", "dst", dst)
+    eng = _op.choose_engine("memset", engine, (costs.VECTOR, costs.GPSIMD), costs.VECTOR)
+    _op.no_gpsimd_psum("memset", eng, dst)
     if dst.dtype.packed:
         if value != 0:
             raise NkiValidationError(f"memset of packed dtype {dst.dtype} supports only value=0, got {value}")
         dst.torch_view().zero_()
     else:
         # a float64 constant, rounded to dst's dtype once (-3.4028235e38 is float32's lowest)
-        write(dst, torch.full((dst.partitions, dst.free_size), value,
+        _op.write(dst, torch.full((dst.partitions, dst.free_size), value,
                                dtype=torch.float64 if dst.dtype.is_float else torch.int64))
-    issue("memset", eng, costs.alu(current().target, eng, dst.free_size, 1), [], [dst])
+    _op.issue("memset", eng, costs.alu(current().target, eng, dst.free_size, 1), [], [dst])
 
 
 def tensor_copy_predicated(dst: NkiTensor, src, predicate: NkiTensor, reverse_pred=False, name=None):
-    tile("tensor_copy_predicated", "dst", dst)
-    tile("tensor_copy_predicated", "predicate", predicate)
-    same_layout("tensor_copy_predicated", "predicate", predicate, "dst", dst)
+    _op.tile("tensor_copy_predicated", "dst", dst)
+    _op.tile("tensor_copy_predicated", "predicate", predicate)
+    _op.same_layout("tensor_copy_predicated", "predicate", predicate, "dst", dst)
     if predicate.dtype not in (dt.uint8, dt.uint16, dt.uint32):
         raise NkiValidationError(f"tensor_copy_predicated predicate must be uint8, uint16 or uint32, got {predicate.dtype}")
-    mask = read(predicate) != 0
+    mask = _op.read(predicate) != 0
     if reverse_pred:
         mask = ~mask
-    old = read(dst)
+    old = _op.read(dst)
     if isinstance(src, NkiTensor):
-        tile("tensor_copy_predicated", "src", src)
-        same_layout("tensor_copy_predicated", "src", src, "dst", dst)
+        _op.tile("tensor_copy_predicated", "src", src)
+        _op.same_layout("tensor_copy_predicated", "src", src, "dst", dst)
         if src.buffer == PSUM and predicate.buffer == PSUM:
             raise NkiValidationError("tensor_copy_predicated: src and predicate cannot both be in PSUM")
         if src.dtype != dst.dtype:
             raise NkiValidationError(f"tensor_copy_predicated src.dtype {src.dtype} must equal dst.dtype {dst.dtype}")
-        new = read(src)
+        new = _op.read(src)
     else:
         new = torch.full_like(old, src)
-    write(dst, torch.where(mask, new, old))
-    issue("tensor_copy_predicated", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
+    _op.write(dst, torch.where(mask, new, old))
+    _op.issue("tensor_copy_predicated", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
            [src, predicate, dst], [dst])
 
 
@@ -271,10 +270,10 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
               is_moving_onezero=False, is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
               perf_mode=matmul_perf_mode.none, name=None):
     target = current().target
-    tile("nc_matmul", "stationary", stationary, buffers=(SBUF,))
-    tile("nc_matmul", "moving", moving, buffers=(SBUF,))
+    _op.tile("nc_matmul", "stationary", stationary, buffers=(SBUF,))
+    _op.tile("nc_matmul", "moving", moving, buffers=(SBUF,))
     if not isinstance(dst, NkiTensor) or dst.buffer != PSUM:
-        tile("nc_matmul", "dst", dst, buffers=(PSUM,))
+        _op.tile("nc_matmul", "dst", dst, buffers=(PSUM,))
     rows, cols = _matmul_tiling(tile_position, tile_size, perf_mode)
     double = perf_mode == matmul_perf_mode.double_row
     allowed = _MATMUL_DTYPES + ((dt.float8_e4m3fn,) if target.version >= 4 else ())
@@ -318,30 +317,30 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if dst.partitions != m or dst.free_size != n:
         raise NkiValidationError(f"nc_matmul dst must be {m} x {n} (stationary free x moving free), got "
                                  f"{dst.partitions} x {dst.free_size} {dst.shape}")
-    tile("nc_matmul", "dst", dst, buffers=(PSUM,))
+    _op.tile("nc_matmul", "dst", dst, buffers=(PSUM,))
     if is_transpose:
         if n != k:
             raise NkiValidationError(f"nc_matmul with is_transpose=True needs a {k} x {k} identity as moving, got "
                                      f"{moving.shape}")
         # bit-accurate: the stationary tile's bits, transposed
         dst.torch_view().copy_(stationary.torch_view().reshape(k, m).t().reshape(dst.shape))
-        close_psum(dst)
+        _op.close_psum(dst)
     else:
-        a = read_f32(stationary).reshape(-1 if not double else 2 * k, m)
-        b = read_f32(moving).reshape(-1 if not double else 2 * k, n)
+        a = _op.read_f32(stationary).reshape(-1 if not double else 2 * k, m)
+        b = _op.read_f32(moving).reshape(-1 if not double else 2 * k, n)
         product = a.t() @ b  # float32 accumulation, as in the Tensor Engine
-        acc = acc_view(dst)
+        acc = _op.acc_view(dst)
         if accumulate is None:
             add = acc.reshape(m, n) if acc is not None else torch.zeros(m, n, dtype=torch.bool)
         else:
             add = torch.full((m, n), bool(accumulate))
-        old = read_f32(dst)
+        old = _op.read_f32(dst)
         result = torch.where(add, old + product, product)
         dst.torch_view().copy_(dt.encode(result, dst.dtype).reshape(dst.shape))
         if acc is not None:
             acc.fill_(True)
     onezero = is_stationary_onezero or is_moving_onezero
-    issue("nc_matmul", costs.TENSOR, costs.matmul(target, n, moving.dtype, onezero=onezero, transpose=is_transpose),
+    _op.issue("nc_matmul", costs.TENSOR, costs.matmul(target, n, moving.dtype, onezero=onezero, transpose=is_transpose),
            [stationary, moving] + ([dst] if not is_transpose else []), [dst])
 
 
@@ -362,11 +361,11 @@ def _matmul_tiling(tile_position, tile_size, perf_mode):
 
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=None):
-    tile("nc_transpose", "data", data)
-    tile("nc_transpose", "dst", dst)
+    _op.tile("nc_transpose", "data", data)
+    _op.tile("nc_transpose", "dst", dst)
     p, f = data.partitions, data.free_size
     default = costs.TENSOR if (data.buffer == SBUF and dst.buffer == PSUM) else costs.VECTOR
-    eng = choose_engine("nc_transpose", engine, (costs.TENSOR, costs.VECTOR), default)
+    eng = _op.choose_engine("nc_transpose", engine, (costs.TENSOR, costs.VECTOR), default)
     limit = 128 if eng == costs.TENSOR else 32
     if p > limit or f > limit:
         raise NkiValidationError(f"nc_transpose on the {eng} engine handles tiles up to [{limit}, {limit}], got [{p}, {f}]")
@@ -376,122 +375,122 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=No
         raise NkiValidationError(f"nc_transpose dst dtype {dst.dtype} must equal data dtype {data.dtype}")
     if dst.partitions != f or dst.free_size != p:
         raise NkiValidationError(f"nc_transpose of a [{p}, {f}] tile needs a [{f}, {p}] dst, got {dst.shape}")
-    close_psum(data)
+    _op.close_psum(data)
     dst.torch_view().copy_(data.torch_view().reshape(p, f).t().reshape(dst.shape))
-    close_psum(dst)
+    _op.close_psum(dst)
     cost = costs.matmul(current().target, p, data.dtype, transpose=True) if eng == costs.TENSOR else \
         costs.alu(current().target, eng, f)
-    issue("nc_transpose", eng, cost, [data], [dst])
+    _op.issue("nc_transpose", eng, cost, [data], [dst])
 
 
 # --- Vector / Scalar / GpSimd: element-wise ------------------------------------------------------------
 def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op, engine=engine.unknown, name=None):
     op = ops.as_operator(op, instr="tensor_tensor")
     for nm, t in (("data1", data1), ("data2", data2), ("dst", dst)):
-        tile("tensor_tensor", nm, t)
-    same_layout("tensor_tensor", "data1", data1, "data2", data2)
-    same_layout("tensor_tensor", "data1", data1, "dst", dst)
+        _op.tile("tensor_tensor", nm, t)
+    _op.same_layout("tensor_tensor", "data1", data1, "data2", data2)
+    _op.same_layout("tensor_tensor", "data1", data1, "dst", dst)
     if data1.buffer == PSUM and data2.buffer == PSUM:
         raise NkiValidationError("tensor_tensor data1 and data2 cannot both be in PSUM")
     if op.arity != 2:
         raise NkiValidationError(f"tensor_tensor needs a binary operator, got {op!r}")
-    native_int = all_int(dst, data1, data2) and all(t.dtype in (dt.int32, dt.uint32) for t in (dst, data1, data2))
+    native_int = _op.all_int(dst, data1, data2) and all(t.dtype in (dt.int32, dt.uint32) for t in (dst, data1, data2))
     default = costs.GPSIMD if (op is ops.power or native_int) and not any(
         t.buffer == PSUM for t in (dst, data1, data2)) else costs.VECTOR
-    eng = choose_engine("tensor_tensor", engine, (costs.VECTOR, costs.GPSIMD), default)
-    no_gpsimd_psum("tensor_tensor", eng, dst, data1, data2)
-    close_psum(data1), close_psum(data2)
+    eng = _op.choose_engine("tensor_tensor", engine, (costs.VECTOR, costs.GPSIMD), default)
+    _op.no_gpsimd_psum("tensor_tensor", eng, dst, data1, data2)
+    _op.close_psum(data1), _op.close_psum(data2)
     if op.kind == ops.BITVEC:
-        bitvec_dtypes("tensor_tensor", dst, data1, data2)
-        result = op.fn(read(data1).to(torch.int64), read(data2).to(torch.int64))
+        _op.bitvec_dtypes("tensor_tensor", dst, data1, data2)
+        result = op.fn(_op.read(data1).to(torch.int64), _op.read(data2).to(torch.int64))
     elif native_int and eng == costs.GPSIMD:
-        result = op.fn(read(data1).to(torch.int64), read(data2).to(torch.int64))
+        result = op.fn(_op.read(data1).to(torch.int64), _op.read(data2).to(torch.int64))
     else:
-        result = op.fn(read_f32(data1), read_f32(data2))
-    write(dst, result)
-    issue("tensor_tensor", eng, costs.alu(current().target, eng, dst.free_size, 2,
-                                           speedup(eng, "tensor_tensor", dst, data1, data2)), [data1, data2], [dst])
+        result = op.fn(_op.read_f32(data1), _op.read_f32(data2))
+    _op.write(dst, result)
+    _op.issue("tensor_tensor", eng, costs.alu(current().target, eng, dst.free_size, 2,
+                                           _op.speedup(eng, "tensor_tensor", dst, data1, data2)), [data1, data2], [dst])
 
 
 def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0=False, op1=None, operand1=None,
                   reverse1=False, engine=engine.unknown, name=None):
-    tile("tensor_scalar", "dst", dst)
-    tile("tensor_scalar", "data", data)
-    same_layout("tensor_scalar", "data", data, "dst", dst)
+    _op.tile("tensor_scalar", "dst", dst)
+    _op.tile("tensor_scalar", "data", data)
+    _op.same_layout("tensor_scalar", "data", data, "dst", dst)
     op0 = ops.as_operator(op0, instr="tensor_scalar", what="op0")
     op1 = ops.as_operator(op1, instr="tensor_scalar", what="op1") if op1 is not None else None
     if op1 is None and operand1 is not None:
         raise NkiValidationError("tensor_scalar: operand1 given without op1")
     if op1 is not None and (op0.kind == ops.BITVEC) != (op1.kind == ops.BITVEC):
         raise NkiValidationError(f"tensor_scalar op0 {op0!r} and op1 {op1!r} must both be bitvec or both arithmetic")
-    eng = choose_engine("tensor_scalar", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
-    no_gpsimd_psum("tensor_scalar", eng, dst, data, operand0, operand1)
+    eng = _op.choose_engine("tensor_scalar", engine, (costs.VECTOR, costs.SCALAR, costs.GPSIMD), costs.VECTOR)
+    _op.no_gpsimd_psum("tensor_scalar", eng, dst, data, operand0, operand1)
     p = data.partitions
-    close_psum(data)
+    _op.close_psum(data)
     if op0.kind == ops.BITVEC:
-        bitvec_dtypes("tensor_scalar", dst, data)
-        x = read(data).to(torch.int64)
-        x = alu(op0, x, int_operand(operand0, p), reverse=reverse0)
+        _op.bitvec_dtypes("tensor_scalar", dst, data)
+        x = _op.read(data).to(torch.int64)
+        x = _op.alu(op0, x, _op.int_operand(operand0, p), reverse=reverse0)
         if op1 is not None:
-            x = alu(op1, x, int_operand(operand1, p), reverse=reverse1)
+            x = _op.alu(op1, x, _op.int_operand(operand1, p), reverse=reverse1)
     else:
-        x = read_f32(data)
-        x = alu(op0, x, column("tensor_scalar", "operand0", 0.0 if operand0 is None else operand0, p), reverse=reverse0)
+        x = _op.read_f32(data)
+        x = _op.alu(op0, x, _op.column("tensor_scalar", "operand0", 0.0 if operand0 is None else operand0, p), reverse=reverse0)
         if op1 is not None:
-            x = alu(op1, x, column("tensor_scalar", "operand1", 0.0 if operand1 is None else operand1, p),
+            x = _op.alu(op1, x, _op.column("tensor_scalar", "operand1", 0.0 if operand1 is None else operand1, p),
                      reverse=reverse1)
-    write(dst, x)
-    issue("tensor_scalar", eng, costs.alu(current().target, eng, dst.free_size, 1, speedup(eng, "tensor_scalar", dst, data)),
+    _op.write(dst, x)
+    _op.issue("tensor_scalar", eng, costs.alu(current().target, eng, dst.free_size, 1, _op.speedup(eng, "tensor_scalar", dst, data)),
            [data, operand0, operand1], [dst])
 
 
 def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0, operand0, op1, operand1: NkiTensor, reverse0=False,
                          reverse1=False, name=None):
     for nm, t in (("dst", dst), ("data", data), ("operand1", operand1)):
-        tile("scalar_tensor_tensor", nm, t)
-    same_layout("scalar_tensor_tensor", "data", data, "operand1", operand1)
-    same_layout("scalar_tensor_tensor", "data", data, "dst", dst)
+        _op.tile("scalar_tensor_tensor", nm, t)
+    _op.same_layout("scalar_tensor_tensor", "data", data, "operand1", operand1)
+    _op.same_layout("scalar_tensor_tensor", "data", data, "dst", dst)
     if data.buffer == PSUM and operand1.buffer == PSUM:
         raise NkiValidationError("scalar_tensor_tensor data and operand1 cannot both be in PSUM")
     op0 = ops.as_operator(op0, instr="scalar_tensor_tensor", what="op0")
     op1 = ops.as_operator(op1, instr="scalar_tensor_tensor", what="op1")
     if ops.BITVEC in (op0.kind, op1.kind):
         raise NkiValidationError("scalar_tensor_tensor takes arithmetic operators only")
-    close_psum(data), close_psum(operand1)
-    x = alu(op0, read_f32(data), column("scalar_tensor_tensor", "operand0", operand0, data.partitions),
+    _op.close_psum(data), _op.close_psum(operand1)
+    x = _op.alu(op0, _op.read_f32(data), _op.column("scalar_tensor_tensor", "operand0", operand0, data.partitions),
              reverse=reverse0)
-    x = alu(op1, x, read_f32(operand1), reverse=reverse1)
-    write(dst, x)
-    issue("scalar_tensor_tensor", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
+    x = _op.alu(op1, x, _op.read_f32(operand1), reverse=reverse1)
+    _op.write(dst, x)
+    _op.issue("scalar_tensor_tensor", costs.VECTOR, costs.alu(current().target, costs.VECTOR, dst.free_size, 2),
            [data, operand0, operand1], [dst])
 
 
 def reciprocal(dst: NkiTensor, data: NkiTensor, name=None):
-    tile("reciprocal", "dst", dst)
-    tile("reciprocal", "data", data)
-    same_layout("reciprocal", "data", data, "dst", dst)
-    close_psum(data)
-    write(dst, torch.reciprocal(read_f32(data)))
+    _op.tile("reciprocal", "dst", dst)
+    _op.tile("reciprocal", "data", data)
+    _op.same_layout("reciprocal", "data", data, "dst", dst)
+    _op.close_psum(data)
+    _op.write(dst, torch.reciprocal(_op.read_f32(data)))
     # Vector Engine reciprocal: about 8 cycles per element (the NKI API docs' engine selection table)
-    issue("reciprocal", costs.VECTOR, costs.alu(current().target, costs.VECTOR, 8 * data.free_size), [data], [dst])
+    _op.issue("reciprocal", costs.VECTOR, costs.alu(current().target, costs.VECTOR, 8 * data.free_size), [data], [dst])
 
 
 def activation(dst: NkiTensor, op, data: NkiTensor, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None):
     out = _activate("activation", dst, op, data, bias, scale, reduce_res)
-    accumulate(current(), "scalar_acc", "activation", out, reduce_op, reduce_cmd, reduce_res)
+    _op.accumulate(current(), "scalar_acc", "activation", out, reduce_op, reduce_cmd, reduce_res)
 
 
 def activation_reduce(dst: NkiTensor, op, data: NkiTensor, reduce_op, reduce_res: NkiTensor, bias=None, scale=1.0,
                       name=None):
     out = _activate("activation_reduce", dst, op, data, bias, scale, reduce_res)
-    accumulate(current(), "scalar_acc", "activation_reduce", out, reduce_op, reduce_cmd.reset_reduce, reduce_res)
+    _op.accumulate(current(), "scalar_acc", "activation_reduce", out, reduce_op, reduce_cmd.reset_reduce, reduce_res)
 
 
 def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
-    tile(instr, "dst", dst)
-    tile(instr, "data", data)
-    same_layout(instr, "data", data, "dst", dst)
+    _op.tile(instr, "dst", dst)
+    _op.tile(instr, "data", data)
+    _op.same_layout(instr, "data", data, "dst", dst)
     op = ops.as_operator(op, instr=instr)
     if not op.activation:
         raise NkiValidationError(f"{instr}: {op!r} is not an activation function of the Scalar Engine "
@@ -499,22 +498,22 @@ def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
     p = data.partitions
     if isinstance(scale, NkiTensor) and scale.dtype != dt.float32:
         raise NkiValidationError(f"{instr} scale must be float32, got {scale.dtype}")
-    close_psum(data)
-    x = read_f32(data) * column(instr, "scale", scale, p)
+    _op.close_psum(data)
+    x = _op.read_f32(data) * _op.column(instr, "scale", scale, p)
     if bias is not None:
-        x = x + column(instr, "bias", bias, p)
+        x = x + _op.column(instr, "bias", bias, p)
     out = op.fn(x)
-    write(dst, out)
+    _op.write(dst, out)
     # reading the accumulators out into reduce_res is one more short instruction
     extra = costs.ACC_READ_CYCLES if read_out else 0
-    issue(instr, costs.SCALAR, costs.alu(current().target, costs.SCALAR, data.free_size, extra_cycles=extra),
+    _op.issue(instr, costs.SCALAR, costs.alu(current().target, costs.SCALAR, data.free_size, extra_cycles=extra),
            [data, bias, scale], [dst] + ([read_out] if read_out is not None else []))
     return out
 
 
 def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate=False, keepdims=False, name=None):
-    tile("tensor_reduce", "dst", dst)
-    tile("tensor_reduce", "data", data)
+    _op.tile("tensor_reduce", "dst", dst)
+    _op.tile("tensor_reduce", "data", data)
     op = ops.as_operator(op, instr="tensor_reduce")
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(sorted(a % data.ndim for a in axes))
@@ -528,36 +527,36 @@ def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate=False, keepd
     if dst.partitions != data.partitions or dst.free_size != kept:
         raise NkiValidationError(f"tensor_reduce of {data.shape} over axes {axes} gives {data.partitions} x {kept}, "
                                  f"dst is {dst.partitions} x {dst.free_size} {dst.shape}")
-    close_psum(data)
+    _op.close_psum(data)
     if op.kind == ops.BITVEC:
-        bitvec_dtypes("tensor_reduce", dst, data)
+        _op.bitvec_dtypes("tensor_reduce", dst, data)
         x = dt.decode(data.torch_view(), data.dtype).to(torch.int64)
     else:
         x = dt.decode(data.torch_view(), data.dtype).to(torch.float32)
-    r = reduce(op, x, axes).reshape(data.partitions, kept)
+    r = _op.reduce(op, x, axes).reshape(data.partitions, kept)
     if negate:
         if op.kind == ops.BITVEC:
             raise NkiValidationError("tensor_reduce negate applies to arithmetic operators only")
         r = -r
-    write(dst, r)
-    issue("tensor_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    _op.write(dst, r)
+    _op.issue("tensor_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
 
 
 def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
                          reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
-    tile("tensor_scalar_reduce", "dst", dst)
-    tile("tensor_scalar_reduce", "data", data)
-    same_layout("tensor_scalar_reduce", "data", data, "dst", dst)
+    _op.tile("tensor_scalar_reduce", "dst", dst)
+    _op.tile("tensor_scalar_reduce", "data", data)
+    _op.same_layout("tensor_scalar_reduce", "data", data, "dst", dst)
     op0 = ops.as_operator(op0, instr="tensor_scalar_reduce", what="op0")
     if op0.kind == ops.BITVEC:
         raise NkiValidationError("tensor_scalar_reduce takes an arithmetic op0 only")
-    close_psum(data)
-    x = alu(op0, read_f32(data), column("tensor_scalar_reduce", "operand0", 0.0 if operand0 is None else operand0,
+    _op.close_psum(data)
+    x = _op.alu(op0, _op.read_f32(data), _op.column("tensor_scalar_reduce", "operand0", 0.0 if operand0 is None else operand0,
                                            data.partitions), reverse=reverse0)
-    write(dst, x)
-    accumulate(current(), "vector_acc", "tensor_scalar_reduce", x, reduce_op, reduce_cmd, reduce_res,
+    _op.write(dst, x)
+    _op.accumulate(current(), "vector_acc", "tensor_scalar_reduce", x, reduce_op, reduce_cmd, reduce_res,
                 init=reduce_init, negate=reduce_res_negate)
-    issue("tensor_scalar_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size),
+    _op.issue("tensor_scalar_reduce", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size),
            [data, operand0], [dst] + ([reduce_res] if reduce_res is not None else []))
 
 
@@ -579,28 +578,28 @@ def _affine(instr: str, p: int, free: int, pattern, offset: int, channel_multipl
 
 
 def iota(dst: NkiTensor, pattern, offset=0, channel_multiplier=0, name=None):
-    tile("iota", "dst", dst, buffers=(SBUF,))
+    _op.tile("iota", "dst", dst, buffers=(SBUF,))
     values = _affine("iota", dst.partitions, dst.free_size, pattern, offset, channel_multiplier)
-    write(dst, values.to(torch.float32) if dst.dtype.is_float else values)
-    issue("iota", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size), [], [dst])
+    _op.write(dst, values.to(torch.float32) if dst.dtype.is_float else values)
+    _op.issue("iota", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size), [], [dst])
 
 
 def affine_select(dst: NkiTensor, pattern, channel_multiplier, on_true_tile: NkiTensor, on_false_value,
                   cmp_op=ops.equal, offset=0, name=None):
-    tile("affine_select", "dst", dst, buffers=(SBUF,))
-    tile("affine_select", "on_true_tile", on_true_tile, buffers=(SBUF,))
-    same_layout("affine_select", "on_true_tile", on_true_tile, "dst", dst)
+    _op.tile("affine_select", "dst", dst, buffers=(SBUF,))
+    _op.tile("affine_select", "on_true_tile", on_true_tile, buffers=(SBUF,))
+    _op.same_layout("affine_select", "on_true_tile", on_true_tile, "dst", dst)
     cmp_op = ops.as_operator(cmp_op, instr="affine_select", what="cmp_op")
     values = _affine("affine_select", dst.partitions, dst.free_size, pattern, offset, channel_multiplier)
     predicate = cmp_op.fn(values.to(torch.float32), torch.zeros(())) != 0
     if on_true_tile.dtype == dst.dtype:
-        chosen = read(on_true_tile)
+        chosen = _op.read(on_true_tile)
         false = torch.full_like(chosen, 0) + dt.decode(dt.encode(torch.tensor([float(on_false_value)]), dst.dtype),
                                                        dst.dtype)[0].to(chosen.dtype)
-        write(dst, torch.where(predicate, chosen, false))
+        _op.write(dst, torch.where(predicate, chosen, false))
     else:
-        write(dst, torch.where(predicate, read_f32(on_true_tile), torch.tensor(float(on_false_value))))
-    issue("affine_select", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size),
+        _op.write(dst, torch.where(predicate, _op.read_f32(on_true_tile), torch.tensor(float(on_false_value))))
+    _op.issue("affine_select", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size),
            [on_true_tile], [dst])
 
 
@@ -609,9 +608,9 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bo
                  on_false_value=-3.4028234663852886e38, name=None):
     if current().target.version < 3:
         raise NkiValidationError("range_select is available on NeuronCore-v3 (trn2) and newer")
-    tile("range_select", "dst", dst)
-    tile("range_select", "on_true_tile", on_true_tile)
-    same_layout("range_select", "on_true_tile", on_true_tile, "dst", dst)
+    _op.tile("range_select", "dst", dst)
+    _op.tile("range_select", "on_true_tile", on_true_tile)
+    _op.same_layout("range_select", "on_true_tile", on_true_tile, "dst", dst)
     allowed = (ops.equal, ops.less, ops.less_equal, ops.greater, ops.greater_equal)
     c0 = ops.as_operator(comp_op0, instr="range_select", what="comp_op0")
     c1 = ops.as_operator(comp_op1, instr="range_select", what="comp_op1")
@@ -619,52 +618,60 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bo
         raise NkiValidationError("range_select comparison operators must be nl.equal, nl.less, nl.less_equal, "
                                  "nl.greater or nl.greater_equal")
     p, f = on_true_tile.partitions, on_true_tile.free_size
-    b0 = column("range_select", "bound0", bound0, p)
-    b1 = column("range_select", "bound1", bound1, p)
+    b0 = _op.column("range_select", "bound0", bound0, p)
+    b1 = _op.column("range_select", "bound1", bound1, p)
     index = (range_start + torch.arange(f, dtype=torch.float32)).reshape(1, f)
     mask = (c0.fn(index, b0) != 0) & (c1.fn(index, b1) != 0)
-    out = torch.where(mask, read_f32(on_true_tile), torch.tensor(float(on_false_value), dtype=torch.float64).float())
-    write(dst, out)
-    accumulate(current(), "vector_acc", "range_select", out, reduce_op, reduce_cmd, reduce_res)
-    issue("range_select", costs.VECTOR, costs.alu(current().target, costs.VECTOR, f), [on_true_tile, bound0, bound1],
+    out = torch.where(mask, _op.read_f32(on_true_tile), torch.tensor(float(on_false_value), dtype=torch.float64).float())
+    _op.write(dst, out)
+    _op.accumulate(current(), "vector_acc", "range_select", out, reduce_op, reduce_cmd, reduce_res)
+    _op.issue("range_select", costs.VECTOR, costs.alu(current().target, costs.VECTOR, f), [on_true_tile, bound0, bound1],
            [dst] + ([reduce_res] if reduce_res is not None else []))
 
 
 # --- Vector: statistics ---------------------------------------------------------------------------------
 def bn_stats(dst: NkiTensor, data: NkiTensor, name=None):
-    tile("bn_stats", "dst", dst)
-    tile("bn_stats", "data", data)
+    _op.tile("bn_stats", "dst", dst)
+    _op.tile("bn_stats", "data", data)
     fmax = current().target.bn_stats_fmax
     if data.free_size > fmax:
         raise NkiValidationError(f"bn_stats data has {data.free_size} elements per partition, exceeding maximum {fmax} "
                                  f"(nl.tile_size.bn_stats_fmax): run bn_stats per {fmax}-element tile, then one bn_aggr")
     if dst.partitions != data.partitions or dst.free_size != 6:
         raise NkiValidationError(f"bn_stats dst must be ({data.partitions}, 6), got {dst.shape}")
-    close_psum(data)
-    x = read_f32(data)
+    _op.close_psum(data)
+    x = _op.read_f32(data)
     parts = []
     for half in (x[:, 0::2], x[:, 1::2]):
         n = half.shape[1]
         mean = half.mean(1) if n else torch.zeros(x.shape[0])
         m2 = ((half - mean.unsqueeze(1)) ** 2).sum(1) if n else torch.zeros(x.shape[0])
         parts += [torch.full_like(mean, float(n)), mean, m2]
-    write(dst, torch.stack(parts, 1))
-    issue("bn_stats", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    _op.write(dst, torch.stack(parts, 1))
+    _op.issue("bn_stats", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
 
 
 def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None):
-    tile("bn_aggr", "dst", dst)
-    tile("bn_aggr", "data", data)
+    _op.tile("bn_aggr", "dst", dst)
+    _op.tile("bn_aggr", "data", data)
     if data.free_size % 3:
         raise NkiValidationError(f"bn_aggr data must hold (count, mean, variance*count) triples: {data.free_size} "
                                  f"elements per partition is not a multiple of 3")
     if dst.partitions != data.partitions or dst.free_size != 2:
         raise NkiValidationError(f"bn_aggr dst must be ({data.partitions}, 2), got {dst.shape}")
-    close_psum(data)
-    t = read_f32(data).reshape(data.partitions, -1, 3)
+    _op.close_psum(data)
+    t = _op.read_f32(data).reshape(data.partitions, -1, 3)
     count, mean, m2 = t[..., 0], t[..., 1], t[..., 2]
     n = count.sum(1)
     total_mean = (count * mean).sum(1) / n
     total_m2 = (m2 + count * (mean - total_mean.unsqueeze(1)) ** 2).sum(1)
-    write(dst, torch.stack([total_mean, total_m2 / n], 1))
-    issue("bn_aggr", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+    _op.write(dst, torch.stack([total_mean, total_m2 / n], 1))
+    _op.issue("bn_aggr", costs.VECTOR, costs.alu(current().target, costs.VECTOR, data.free_size), [data], [dst])
+
+
+# the instructions of isa_search.py and isa_scan.py, under nki.isa as the kernels name them
+from .isa_scan import (exponential, select_reduce, tensor_partition_reduce, tensor_scalar_cumulative,  # noqa: E402,F401
+                       tensor_tensor_scan)
+from .isa_search import (max8, nc_find_index8, nc_match_replace8, nc_n_gather, nc_stream_shuffle,  # noqa: E402,F401
+                         nonzero_with_count)
+

@@ -17,6 +17,7 @@ from .program import current
 from .tensor import ON_CHIP, PSUM, NkiTensor
 from .timeline import Instr
 
+
 def tile(instr: str, name: str, t, *, buffers=ON_CHIP, max_partitions: int | None = None) -> NkiTensor:
     if not isinstance(t, NkiTensor):
         raise NkiValidationError(f"{instr} {name} must be an NkiTensor, got {type(t).__name__}")
