@@ -454,3 +454,28 @@ def test_exponential_is_a_trn3_vector_instruction(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     e, s = kernel(x)
     assert torch.equal(e, torch.exp(x - 1.0)) and torch.allclose(s, torch.exp(x - 1.0).sum(1, keepdim=True))
+
+
+def test_local_gather_gathers_each_cores_offsets_from_every_partitions_own_row():
+    src = rand(32, 64)
+    idx = torch.randint(0, 15, (32, 2), generator=g) * 4  # element offsets, 4 elements each
+    dst = out((32, 24))
+    nisa.local_gather(dst=dst, src_buffer=filled(src), index=filled(idx, nl.uint16), num_elem_per_idx=4,
+                      num_valid_indices=6)
+    expect = torch.empty(32, 6, 4)
+    for c in range(2):
+        offsets = idx[16 * c:16 * (c + 1)].t().reshape(-1)[:6]
+        for k, o in enumerate(offsets):
+            expect[16 * c:16 * (c + 1), k] = src[16 * c:16 * (c + 1), o:o + 4]
+    assert torch.equal(dst.values(), expect.reshape(32, 24))
+
+
+def test_tiles_placed_at_one_address_share_their_bytes():
+    a = nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 2048))
+    b = nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 2048))
+    nisa.memset(dst=a, value=3.0)
+    assert (b.values() == 3.0).all()
+    many = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 2048 * (i % 8))) for i in range(20)]
+    assert len(many) == 20  # placed tiles are the kernel's own business: no bank is charged for them
+    with pytest.raises(nisa.NkiValidationError, match="lies outside the psum"):
+        nl.ndarray((128, 1024), nl.float32, buffer=nl.psum, address=(0, 14336))

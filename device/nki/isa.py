@@ -10,6 +10,7 @@ Copies between equal dtypes move bits.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -193,9 +194,10 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine=engine.unknown, name=None, dtype=None):
-    if dtype is not None and dt.as_dtype(dtype) != dst.dtype:  # older kernels pass it; dst's dtype decides
-        raise NkiValidationError(f"tensor_copy dtype={dtype} differs from dst's dtype {dst.dtype}: the destination's "
-                                 f"dtype is the result's; drop dtype= or allocate dst as {dtype}")
+    if dtype is not None and dt.as_dtype(dtype) != dst.dtype:
+        # kernels written for older releases pass it; the current API has none: dst's dtype decides
+        warnings.warn(f"nisa.tensor_copy(dtype={dtype}) is ignored: the result has dst's dtype {dst.dtype}",
+                      stacklevel=2)
     _op.tile("tensor_copy", "dst", dst)
     _op.tile("tensor_copy", "src", src)
     _op.same_layout("tensor_copy", "src", src, "dst", dst)
@@ -672,6 +674,6 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None):
 # the instructions of isa_search.py and isa_scan.py, under nki.isa as the kernels name them
 from .isa_scan import (exponential, select_reduce, tensor_partition_reduce, tensor_scalar_cumulative,  # noqa: E402,F401
                        tensor_tensor_scan)
-from .isa_search import (max8, nc_find_index8, nc_match_replace8, nc_n_gather, nc_stream_shuffle,  # noqa: E402,F401
-                         nonzero_with_count)
+from .isa_search import (local_gather, max8, nc_find_index8, nc_match_replace8, nc_n_gather,  # noqa: E402,F401
+                         nc_stream_shuffle, nonzero_with_count)
 

@@ -179,3 +179,44 @@ def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset=0, padding_v
     write(dst, out)
     issue("nonzero_with_count", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, src.free_size), [src, dst],
           [dst])
+
+
+GPSIMD_CORE_PARTITIONS = 16
+
+
+def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx=1, num_valid_indices=None,
+                 name=None):
+    """Each GpSimd core (16 partitions) reads its 16-partition slice of `index` column by
+    column (partitions first) into one list of element offsets, and each of its partitions
+    gathers num_elem_per_idx contiguous elements of its own row of src_buffer at every offset."""
+    for nm, t in (("src_buffer", src_buffer), ("index", index), ("dst", dst)):
+        tile("local_gather", nm, t, buffers=(SBUF,))
+    if index.dtype != dt.uint16:
+        raise NkiValidationError(f"local_gather index must be uint16, got {index.dtype}")
+    if src_buffer.partitions != index.partitions or src_buffer.partitions % GPSIMD_CORE_PARTITIONS:
+        raise NkiValidationError(f"local_gather src_buffer and index must have the same partitions, a multiple of 16: "
+                                 f"got {src_buffer.partitions} and {index.partitions}")
+    if num_elem_per_idx not in (1, 2, 4, 8, 16, 32):
+        raise NkiValidationError(f"local_gather num_elem_per_idx must be 1, 2, 4, 8, 16 or 32, got {num_elem_per_idx}")
+    per_core = index.free_size * GPSIMD_CORE_PARTITIONS
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < valid <= min(per_core, 4096):
+        raise NkiValidationError(f"local_gather num_valid_indices {valid} must be in [1, {min(per_core, 4096)}]")
+    if dst.dtype != src_buffer.dtype or dst.partitions != src_buffer.partitions \
+            or dst.free_size != valid * num_elem_per_idx:
+        raise NkiValidationError(f"local_gather dst must be {src_buffer.dtype} ({src_buffer.partitions}, "
+                                 f"{valid * num_elem_per_idx} elements per partition), got {dst.dtype} {dst.shape}")
+    src = src_buffer.torch_view().reshape(src_buffer.partitions, -1)
+    idx = read(index).to(torch.int64)
+    span = torch.arange(num_elem_per_idx)
+    out = torch.empty((dst.partitions, valid * num_elem_per_idx), dtype=src.dtype)
+    for p0 in range(0, src_buffer.partitions, GPSIMD_CORE_PARTITIONS):
+        offsets = idx[p0:p0 + GPSIMD_CORE_PARTITIONS].t().reshape(-1)[:valid]
+        where = (offsets.unsqueeze(1) + span).reshape(-1)
+        if (where >= src.shape[1]).any():
+            raise NkiValidationError(f"local_gather: an index reaches past src_buffer's {src.shape[1]} elements per "
+                                     f"partition (core {p0 // GPSIMD_CORE_PARTITIONS})")
+        out[p0:p0 + GPSIMD_CORE_PARTITIONS] = src[p0:p0 + GPSIMD_CORE_PARTITIONS][:, where]
+    dst.torch_view().copy_(out.reshape(dst.shape))
+    issue("local_gather", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size), [src_buffer, index],
+          [dst])

@@ -154,7 +154,7 @@ def is_sbuf(buffer) -> bool:
 # --- creation ----------------------------------------------------------------------------------------
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
     """A new tensor; its memory holds NaN (floats) or 4 (integers) until written."""
-    return current().allocate(tuple(shape), _dt.as_dtype(dtype), _buffer(buffer), name)
+    return current().allocate(tuple(shape), _dt.as_dtype(dtype), _buffer(buffer), name, address)
 
 
 def zeros(shape, dtype, buffer=sbuf, name="") -> NkiTensor:

@@ -12,6 +12,12 @@ tile does while the compiler's liveness analysis sees it used. SBUF is charged p
 PSUM by banks (each live PSUM tile takes ceil(free bytes / 2 KiB) of the 8 banks). A kernel
 that keeps more live than that raises, naming the tile, its size and what is in use, where
 the real compiler would fail to allocate.
+
+Note [Placed tiles]: `nl.ndarray(..., address=(partition, byte offset))` places a tile at a
+fixed spot of the program's physical SBUF or PSUM (kernels that manage their own memory do,
+to reuse PSUM banks in turn). Placed tiles are views of one physical memory, so two placed
+at the same address share bytes, as on the chip; they are not charged against the capacity
+(the kernel placed them), but must lie inside it.
 """
 from __future__ import annotations
 
@@ -54,9 +60,10 @@ class Program:
         # engine accumulator registers (activation's reduce_regs; Vector Engine's accumulators)
         self.scalar_acc: torch.Tensor | None = None
         self.vector_acc: torch.Tensor | None = None
+        self._physical: dict[str, torch.Tensor] = {}  # buffer -> its bytes, for placed tiles
 
     # --- allocation -------------------------------------------------------------------------
-    def allocate(self, shape, dtype: dt.NkiDType, buffer: str, name: str) -> NkiTensor:
+    def allocate(self, shape, dtype: dt.NkiDType, buffer: str, name: str, address=None) -> NkiTensor:
         shape = tuple(int(s) for s in shape)
         if not shape or any(s <= 0 for s in shape):
             raise NkiValidationError(f"nl.ndarray {name!r}: shape must be a tuple of positive ints, got {shape}")
@@ -64,6 +71,8 @@ class Program:
             raise NkiValidationError(
                 f"nl.ndarray {name!r}: an {buffer} tensor needs a partition dim and at least one free dim, "
                 f"got shape {shape} (use e.g. ({shape[0]}, 1))")
+        if address is not None and buffer in ON_CHIP:
+            return self._placed(shape, dtype, buffer, name, address)
         if buffer == SHARED_HBM and math.prod(self.launch.grid) > 1:
             return self._shared(shape, dtype, name)
         storage = _new_storage(shape, dtype, buffer, name)
@@ -85,6 +94,37 @@ class Program:
                 f"allocation in another program of the grid was {storage.shape} {storage.dtype}; every program "
                 f"must allocate the same shared tensors in the same order")
         return NkiTensor(shape, dtype, storage, name=name)
+
+    def _placed(self, shape, dtype: dt.NkiDType, buffer: str, name: str, address) -> NkiTensor:
+        """Note [Placed tiles]: a tile at (partition, byte offset) of the physical memory."""
+        t = self.target
+        row = t.sbuf_partition_bytes if buffer == SBUF else t.psum_partition_bytes
+        try:
+            p0, f0 = (int(a) for a in address)
+        except (TypeError, ValueError):
+            raise NkiValidationError(f"nl.ndarray {name!r}: address must be (partition offset, byte offset), "
+                                     f"got {address!r}") from None
+        free_bytes = math.prod(shape[1:]) * dtype.itemsize
+        if p0 < 0 or f0 < 0 or p0 + shape[0] > t.partitions or f0 + free_bytes > row:
+            raise NkiValidationError(
+                f"nl.ndarray {name!r} {shape} {dtype} at address ({p0}, {f0}) lies outside the {buffer}: partitions "
+                f"[{p0}, {p0 + shape[0]}) of {t.partitions}, bytes [{f0}, {f0 + free_bytes}) of {row} per partition")
+        if f0 % dtype.itemsize:
+            raise NkiValidationError(f"nl.ndarray {name!r}: byte offset {f0} is not aligned to {dtype}'s "
+                                     f"{dtype.itemsize} bytes")
+        memory = self._physical.get(buffer)
+        if memory is None:
+            memory = self._physical[buffer] = torch.full((t.partitions * row,), 0xFF, dtype=torch.uint8)
+        start = p0 * row + f0
+        length = (shape[0] - 1) * row + free_bytes
+        data = memory[start:start + length].view(dtype.storage)
+        storage = Storage(data, dtype, buffer, shape, name, pstride=row // dtype.itemsize)
+        if buffer == PSUM:
+            storage.acc = torch.zeros(data.numel(), dtype=torch.bool)
+        tensor = NkiTensor(shape, dtype, storage, name=name)
+        fill = dt.encode(torch.tensor([dt.sentinel(dtype)], dtype=torch.float32), dtype)[0]
+        tensor.torch_view().fill_(fill.item())  # fresh as the simulator fills every new tensor
+        return tensor
 
     def _charge(self, storage: Storage) -> None:
         t = self.target

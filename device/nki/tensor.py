@@ -33,10 +33,11 @@ ON_CHIP = (SBUF, PSUM)
 class Storage:
     """The memory behind one allocation (or one framework tensor handed to a kernel)."""
 
-    __slots__ = ("data", "dtype", "buffer", "shape", "name", "acc", "serial", "__weakref__")
+    __slots__ = ("data", "dtype", "buffer", "shape", "name", "acc", "serial", "pstride", "__weakref__")
     _serials = itertools.count()
 
-    def __init__(self, data: torch.Tensor, dtype: dt.NkiDType, buffer: str, shape: tuple[int, ...], name: str):
+    def __init__(self, data: torch.Tensor, dtype: dt.NkiDType, buffer: str, shape: tuple[int, ...], name: str,
+                 pstride: int | None = None):
         self.data = data  # flat, dtype.storage
         self.dtype = dtype
         self.buffer = REGIONS[buffer]
@@ -46,10 +47,13 @@ class Storage:
         self.acc: torch.Tensor | None = None
         # names the storage in a timeline, which must not keep it alive (an id() could be reused)
         self.serial = next(Storage._serials)
+        # elements from one partition to the next: the free size, or a whole partition's row of
+        # the physical memory for a tile placed at an address (program.py, Note [Placed tiles])
+        self.pstride = math.prod(shape[1:]) if pstride is None else pstride
 
     @property
     def partition_stride(self) -> int:
-        return math.prod(self.shape[1:])
+        return self.pstride
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -81,7 +85,11 @@ class NkiTensor:
                  dynamic=None):
         self.storage: Storage = storage
         self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
+        if strides is None:
+            strides = contiguous_strides(self.shape)
+            if storage is not None and storage.buffer in ON_CHIP and len(self.shape) > 1:
+                strides = (storage.pstride,) + strides[1:]  # a placed tile's partitions are rows apart
+        self.strides = tuple(strides)
         self.offset = int(offset)
         self.dtype = dt.as_dtype(dtype)
         self.name = name or (storage.name if storage is not None else "")
