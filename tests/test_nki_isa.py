@@ -479,3 +479,13 @@ def test_tiles_placed_at_one_address_share_their_bytes():
     assert len(many) == 20  # placed tiles are the kernel's own business: no bank is charged for them
     with pytest.raises(nisa.NkiValidationError, match="lies outside the psum"):
         nl.ndarray((128, 1024), nl.float32, buffer=nl.psum, address=(0, 14336))
+
+
+def test_a_placed_tile_keeps_the_logical_partition_stride_of_its_views():
+    t = nl.ndarray((4, 8), nl.float32, buffer=nl.sbuf, address=(2, 64))
+    assert t.strides == (8, 1) and t.get_pattern() == [[8, 4], [1, 8]]
+    x = rand(4, 8)
+    t.torch_view().copy_(x)
+    assert torch.equal(t.ap(pattern=[[8, 4], [2, 4]]).values(), x[:, ::2])
+    twin = nl.ndarray((2, 8), nl.float32, buffer=nl.sbuf, address=(3, 64))  # partitions 3-4: t's rows 1-2
+    assert torch.equal(twin.values(), x[1:3])

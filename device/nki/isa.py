@@ -116,7 +116,8 @@ def _dma_cost(src: NkiTensor, dst: NkiTensor, efficiency: float = 1.0) -> costs.
 
 def _addresses(t: NkiTensor, oob, what: str):
     """Element addresses of a view with a runtime offset (and a mask of those in bounds)."""
-    storage_len = t.storage.data.numel() * t.storage.dtype.itemsize // t.dtype.itemsize
+    elements = math.prod(t.storage.shape) if t.on_chip else t.storage.data.numel()
+    storage_len = elements * t.storage.dtype.itemsize // t.dtype.itemsize
     index = torch.arange(storage_len, dtype=torch.int64)
     d = t.dynamic
     rows = d.rows()
@@ -135,6 +136,8 @@ def _addresses(t: NkiTensor, oob, what: str):
         keep = torch.full(addr.shape, not bool(bad[0]))
     if (addr[keep] >= storage_len).any():
         raise NkiValidationError(f"dma_copy {what}: the access with its runtime offset runs past tensor {t.name!r}")
+    if t.storage.placed:
+        addr = t.storage.physical_index(addr, t._scale())
     return addr, keep
 
 

@@ -17,7 +17,8 @@ Note [Placed tiles]: `nl.ndarray(..., address=(partition, byte offset))` places 
 fixed spot of the program's physical SBUF or PSUM (kernels that manage their own memory do,
 to reuse PSUM banks in turn). Placed tiles are views of one physical memory, so two placed
 at the same address share bytes, as on the chip; they are not charged against the capacity
-(the kernel placed them), but must lie inside it.
+(the kernel placed them), but must lie inside it. The timeline sees two placed tiles as
+different memories (it orders instructions by the tiles they name).
 """
 from __future__ import annotations
 
@@ -118,13 +119,12 @@ class Program:
         start = p0 * row + f0
         length = (shape[0] - 1) * row + free_bytes
         data = memory[start:start + length].view(dtype.storage)
-        storage = Storage(data, dtype, buffer, shape, name, pstride=row // dtype.itemsize)
-        if buffer == PSUM:
-            storage.acc = torch.zeros(data.numel(), dtype=torch.bool)
-        tensor = NkiTensor(shape, dtype, storage, name=name)
-        fill = dt.encode(torch.tensor([dt.sentinel(dtype)], dtype=torch.float32), dtype)[0]
-        tensor.torch_view().fill_(fill.item())  # fresh as the simulator fills every new tensor
-        return tensor
+        storage = Storage(data, dtype, buffer, shape, name, row=row // dtype.itemsize)
+        if buffer == PSUM:  # bookkeeping, not memory: indexed as the tile's views index it
+            storage.acc = torch.zeros(math.prod(shape), dtype=torch.bool)
+        # not refilled: a tile placed where another lives aliases its bytes on purpose (the
+        # physical memory itself starts all ones: NaN as any float, -1 as an integer)
+        return NkiTensor(shape, dtype, storage, name=name)
 
     def _charge(self, storage: Storage) -> None:
         t = self.target

@@ -33,11 +33,11 @@ ON_CHIP = (SBUF, PSUM)
 class Storage:
     """The memory behind one allocation (or one framework tensor handed to a kernel)."""
 
-    __slots__ = ("data", "dtype", "buffer", "shape", "name", "acc", "serial", "pstride", "__weakref__")
+    __slots__ = ("data", "dtype", "buffer", "shape", "name", "acc", "serial", "pstride", "row", "__weakref__")
     _serials = itertools.count()
 
     def __init__(self, data: torch.Tensor, dtype: dt.NkiDType, buffer: str, shape: tuple[int, ...], name: str,
-                 pstride: int | None = None):
+                 row: int | None = None):
         self.data = data  # flat, dtype.storage
         self.dtype = dtype
         self.buffer = REGIONS[buffer]
@@ -47,13 +47,32 @@ class Storage:
         self.acc: torch.Tensor | None = None
         # names the storage in a timeline, which must not keep it alive (an id() could be reused)
         self.serial = next(Storage._serials)
-        # elements from one partition to the next: the free size, or a whole partition's row of
-        # the physical memory for a tile placed at an address (program.py, Note [Placed tiles])
-        self.pstride = math.prod(shape[1:]) if pstride is None else pstride
+        # elements from one partition to the next, as NKI's views count them: the free size
+        self.pstride = math.prod(shape[1:])
+        # ... and in `data`: a whole partition's row of the physical memory for a tile placed at
+        # an address (program.py, Note [Placed tiles]), else the same
+        self.row = self.pstride if row is None else row
 
     @property
     def partition_stride(self) -> int:
         return self.pstride
+
+    @property
+    def placed(self) -> bool:
+        return self.row != self.pstride
+
+    def physical(self, strides, offset: int, scale: float = 1.0):
+        """A placed tile's strides and offset in `data` for a view's (whose dim 0 moves whole
+        partitions): partitions are `row` elements apart there, not the free size."""
+        free, row = int(self.pstride * scale), int(self.row * scale)
+        if strides and strides[0] % free:
+            raise NkiValidationError(f"a view of placed tile {self.name!r} must step whole partitions in dim 0")
+        p, rest = divmod(offset, free)
+        return ((strides[0] // free * row,) + tuple(strides[1:]) if strides else ()), p * row + rest
+
+    def physical_index(self, index: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        free, row = int(self.pstride * scale), int(self.row * scale)
+        return index // free * row + index % free
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -85,11 +104,7 @@ class NkiTensor:
                  dynamic=None):
         self.storage: Storage = storage
         self.shape = tuple(int(s) for s in shape)
-        if strides is None:
-            strides = contiguous_strides(self.shape)
-            if storage is not None and storage.buffer in ON_CHIP and len(self.shape) > 1:
-                strides = (storage.pstride,) + strides[1:]  # a placed tile's partitions are rows apart
-        self.strides = tuple(strides)
+        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
         self.offset = int(offset)
         self.dtype = dt.as_dtype(dtype)
         self.name = name or (storage.name if storage is not None else "")
@@ -167,7 +182,14 @@ class NkiTensor:
         data = self.storage.data
         if self.dtype.storage != self.storage.dtype.storage:
             data = data.view(self.dtype.storage)
+        if self.storage.placed:
+            strides, offset = self.storage.physical(self.strides, self.offset, self._scale())
+            return data.as_strided(self.shape, strides, offset)
         return data.as_strided(self.shape, self.strides, self.offset)
+
+    def _scale(self) -> float:
+        """Elements of this view's dtype per element of the storage's."""
+        return self.storage.dtype.itemsize / self.dtype.itemsize
 
     def values(self) -> torch.Tensor:
         """A copy of the values as torch tensors compute with: float32 for float dtypes."""
@@ -202,7 +224,8 @@ class NkiTensor:
         if any(s < 0 for s in self.strides):
             raise NkiValidationError(f"tensor {self.name!r}: strides must be >= 0, got {self.strides}")
         last = self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
-        total = self.storage.data.numel() * self.storage.dtype.itemsize // self.dtype.itemsize
+        elements = math.prod(self.storage.shape) if self.on_chip else self.storage.data.numel()
+        total = elements * self.storage.dtype.itemsize // self.dtype.itemsize
         if self.offset < 0 or last >= total:
             raise NkiValidationError(
                 f"view of tensor {self.name!r} (shape {self.shape}, strides {self.strides}, offset {self.offset}) "
