@@ -184,7 +184,8 @@ class NkiTensor:
             data = data.view(self.dtype.storage)
         if self.storage.placed:
             strides, offset = self.storage.physical(self.strides, self.offset, self._scale())
-            return data.as_strided(self.shape, strides, offset)
+            # as_strided's offset counts from the start of the whole memory, not of `data`
+            return data.as_strided(self.shape, strides, data.storage_offset() + offset)
         return data.as_strided(self.shape, self.strides, self.offset)
 
     def _scale(self) -> float:
