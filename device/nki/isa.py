@@ -675,6 +675,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name=None):
 
 
 # the instructions of isa_search.py and isa_scan.py, under nki.isa as the kernels name them
+from .isa_lnc import core_barrier, sendrecv  # noqa: E402,F401
 from .isa_scan import (exponential, select_reduce, tensor_partition_reduce, tensor_scalar_cumulative,  # noqa: E402,F401
                        tensor_tensor_scan)
 from .isa_search import (local_gather, max8, nc_find_index8, nc_match_replace8, nc_n_gather,  # noqa: E402,F401

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 
 from . import dtypes as dt
 from .errors import NkiValidationError
+from .lockstep import run_programs
 from .program import Launch, Program, running
 from .target import current_target
 from .tensor import PRIVATE_HBM, SHARED_HBM, NkiTensor, Storage
@@ -140,15 +141,19 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
         return x
 
     n_args, n_kwargs = pytree.tree_map(to_nki, (args, kwargs))
-    result = None
-    for linear in range(programs):
-        ids = _unravel(linear, grid)
-        program = Program(launch, ids)
-        program.core = linear % cores
+    results = {}
+
+    def body(linear: int, lockstep=None):
+        program = Program(launch, _unravel(linear, grid))
+        program.core, program.rank, program.lockstep = linear % cores, linear, lockstep
         with running(program):
-            out = kernel.fn(*n_args, **n_kwargs)
-        if linear == 0:
-            result = out
+            results[linear] = kernel.fn(*n_args, **n_kwargs)
+
+    if programs == 1:
+        body(0)
+    else:  # on threads, one at a time: they may meet at collectives (Note [Lockstep programs])
+        run_programs(programs, body)
+    result = results[0]
     sink = getattr(_local, "sink", None)
     if sink is not None:
         sink.ns += timeline.total_ns

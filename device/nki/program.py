@@ -54,6 +54,9 @@ class Program:
         self.launch = launch
         self.ids = ids
         self.core = 0  # which NeuronCore of the logical device runs it (timeline.py)
+        self.rank = 0  # its index in the launch
+        self.lockstep = None  # the launch's Lockstep when programs may meet at collectives
+        self.collectives: dict = {}  # (kind, pipe) -> how many this program has reached
         self.target = launch.target
         self.sbuf_used = 0  # bytes per partition
         self.psum_banks_used = 0

@@ -64,6 +64,19 @@ class Timeline:
         self._access: dict = defaultdict(dict)
 
     def issue(self, program, instr: Instr) -> None:
+        plan = self._prepare(program, instr)
+        self._commit(instr, max(plan[0], plan[1]), plan)
+
+    def issue_joint(self, entries) -> None:
+        """A collective: one instruction per (program, instr), all starting together, when the
+        last of them could (Note [Engine timeline])."""
+        plans = [(instr, self._prepare(program, instr)) for program, instr in entries]
+        start = max(max(ready, free) for _, (ready, free, *_rest) in plans)
+        for instr, plan in plans:
+            self._commit(instr, start, plan)
+
+    def _prepare(self, program, instr: Instr):
+        """(ready, engines free, engine keys, touched boxes) of an instruction about to be placed."""
         core = program.core
         ready = 0.0
         touched = []
@@ -82,8 +95,12 @@ class Timeline:
             instr.queue = pool[0]
         else:
             keys = [(core, instr.engine)]
-        start = max([ready] + [self._engine_free[k] for k in keys])
-        instr.start, instr.end, instr.core = start, start + instr.ns, core
+        instr.core = core
+        return ready, max(self._engine_free[k] for k in keys), keys, touched
+
+    def _commit(self, instr: Instr, start: float, plan) -> None:
+        _, _, keys, touched = plan
+        instr.start, instr.end = start, start + instr.ns
         for k in keys:
             self._engine_free[k] = instr.end
         instr.reads = instr.writes = ()  # the timeline keeps no tile alive (Note [On-chip capacity])
