@@ -489,3 +489,20 @@ def test_a_placed_tile_keeps_the_logical_partition_stride_of_its_views():
     assert torch.equal(t.ap(pattern=[[8, 4], [2, 4]]).values(), x[:, ::2])
     twin = nl.ndarray((2, 8), nl.float32, buffer=nl.sbuf, address=(3, 64))  # partitions 3-4: t's rows 1-2
     assert torch.equal(twin.values(), x[1:3])
+
+
+def test_dma_compute_adds_sources_and_scatter_adds_through_a_vector_offset():
+    a, b = rand(8, 16), rand(8, 16)
+    dst = out((8, 16))
+    nisa.dma_compute(dst=dst, srcs=[filled(a), filled(b, buffer=nl.shared_hbm)], reduce_op=nl.add)
+    assert torch.equal(dst.values(), a + b)
+    table = rand(10, 16)
+    hbm = filled(table, buffer=nl.shared_hbm)
+    idx = filled(torch.tensor([[7], [2], [9]]), nl.uint32)
+    rows = hbm.ap(pattern=[[16, 3], [1, 16]], vector_offset=idx, indirect_dim=0)
+    nisa.dma_compute(dst=rows, srcs=[rows, filled(a[:3])], reduce_op=nl.add)
+    expect = table.clone()
+    expect[[7, 2, 9]] += a[:3]
+    assert torch.equal(hbm.values(), expect)
+    with pytest.raises(nisa.NkiValidationError, match="only reduce_op=nl.add"):
+        nisa.dma_compute(dst=dst, srcs=[filled(a)], reduce_op=nl.maximum)

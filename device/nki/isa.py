@@ -173,6 +173,37 @@ def _scatter(dst: NkiTensor, stored: torch.Tensor, oob, keep=None) -> None:
     flat[addr[dst_keep]] = stored.reshape(addr.shape)[dst_keep]
 
 
+def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error,
+                name=None):
+    """dst = srcs[0] + srcs[1] + ... in float32 inside the DMA engines (reduce_op nl.add, every
+    scale 1.0); a source or dst with a vector_offset reads or writes the rows it names, which
+    is the read-modify-write scatter (dst[idx] += src) and gather (dst += src[idx])."""
+    buffers = (SBUF, "private_hbm", "shared_hbm")
+    _op.tile("dma_compute", "dst", dst, buffers=buffers)
+    srcs = list(srcs)
+    if not 1 <= len(srcs) <= 16:
+        raise NkiValidationError(f"dma_compute takes 1 to 16 srcs, got {len(srcs)}")
+    if ops.as_operator(reduce_op, instr="dma_compute", what="reduce_op") is not ops.add:
+        raise NkiValidationError("dma_compute supports only reduce_op=nl.add")
+    if scales is not None and any(float(x) != 1.0 for x in scales):
+        raise NkiValidationError(f"dma_compute scales must all be 1.0, got {list(scales)}")
+    if not unique_indices:
+        raise NkiValidationError("dma_compute: unique_indices=False is not supported")
+    total = None
+    for i, src in enumerate(srcs):
+        _op.tile("dma_compute", f"srcs[{i}]", src, buffers=buffers)
+        if src.size != dst.size:
+            raise NkiValidationError(f"dma_compute srcs[{i}] has {src.size} elements, dst {dst.size}: they must match")
+        values, keep = _gather(src, oob_mode, f"srcs[{i}]")
+        v = dt.decode(values, src.dtype).to(torch.float32)
+        total = v if total is None else total + v
+    _scatter(dst, dt.encode(total, dst.dtype), oob_mode)
+    _op.close_psum(dst)
+    # before NeuronCore-v4 the DMA compute engines run at "50% DMA throughput" (trainium3_arch.rst:270)
+    efficiency = 1.0 if current().target.version >= 4 else 0.5
+    _op.issue("dma_compute", costs.DMA, _dma_cost(srcs[0], dst, efficiency), srcs, [dst])
+
+
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes=None, priority=None, dge_mode=dge_mode.unknown,
                   oob_mode=oob_mode.error, name=None):
     _op.tile("dma_transpose", "dst", dst, buffers=(SBUF,))
