@@ -33,3 +33,32 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
+
+
+def train_regression(make_model, device: str, mode: str, batches: list, steps: int = 6, lr: float = 1e-2):
+    """Train make_model() with AdamW on MSE over batches[:steps] in `mode` on `device`;
+    (losses as floats, launches of each step, the parameters on the CPU). The model and the
+    data are made from fixed seeds, so CPU and neuron runs compare bit for bit."""
+    import adaptive_eager
+    torch.manual_seed(0)
+    model = make_model().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    data = [(x.to(device), y.to(device)) for x, y in batches[:steps]]
+    losses, per_step = [], []
+    with adaptive_eager.mode(mode):
+        adaptive_eager.reset_stats()
+        for x, y in data:
+            before = adaptive_eager.stats().launches
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            per_step.append(adaptive_eager.stats().launches - before)
+        losses = [float(v) for v in losses]
+    return losses, per_step, [p.detach().cpu() for p in model.parameters()]
+
+
+def regression_batches(shape_x, shape_y, steps: int, seed: int = 1) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape_x, generator=g), torch.randn(shape_y, generator=g)) for _ in range(steps)]

@@ -11,6 +11,7 @@ from torch import nn
 import adaptive_eager
 from adaptive_eager.nki import library as lib
 from dispatch.record import record_ops
+from models import regression_batches, train_regression
 
 # float32 in another summation order; bfloat16 where the kernels round P and dS to the inputs' dtype
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=2e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -90,25 +91,7 @@ class NkiBlock(nn.Module):
 
 
 def _train(device, mode, steps=6):
-    torch.manual_seed(0)
-    model = NkiBlock().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(2, 24, 32, generator=g).to(device), torch.randn(2, 24, 4, generator=g).to(device))
-            for _ in range(steps)]
-    losses, per_step = [], []
-    with adaptive_eager.mode(mode):
-        adaptive_eager.reset_stats()
-        for x, y in data:
-            before = adaptive_eager.stats().launches
-            loss = F.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-            per_step.append(adaptive_eager.stats().launches - before)
-        losses = [float(v) for v in losses]
-    return losses, per_step, [p.detach().cpu() for p in model.parameters()]
+    return train_regression(NkiBlock, device, mode, regression_batches((2, 24, 32), (2, 24, 4), steps), steps)
 
 
 def test_a_training_step_with_library_kernels_matches_cpu_and_runs_as_one_launch():
@@ -186,25 +169,8 @@ class NkiMoeLayer(nn.Module):
 
 
 def test_training_an_moe_layer_matches_cpu_and_runs_as_one_launch_per_step():
-    def train(device, mode, steps=6):
-        torch.manual_seed(0)
-        model = NkiMoeLayer().to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(1)
-        data = [(torch.randn(40, 16, generator=g).to(device), torch.randn(40, 2, generator=g).to(device))
-                for _ in range(steps)]
-        losses, per_step = [], []
-        with adaptive_eager.mode(mode):
-            adaptive_eager.reset_stats()
-            for x, y in data:
-                before = adaptive_eager.stats().launches
-                loss = F.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.detach())
-                per_step.append(adaptive_eager.stats().launches - before)
-        return [float(v) for v in losses], per_step
+    def train(device, mode):
+        return train_regression(NkiMoeLayer, device, mode, regression_batches((40, 16), (40, 2), 6))[:2]
 
     cpu_losses, _ = train("cpu", "eager")
     for mode in ("eager", "adaptive"):

@@ -16,6 +16,7 @@ import adaptive_eager
 import adaptive_eager.nki as nki
 import adaptive_eager.nki.isa as nisa
 import adaptive_eager.nki.language as nl
+from models import regression_batches, train_regression
 from subproc import SUBPROCESS_TIMEOUT_S
 
 
@@ -163,25 +164,7 @@ class NkiMlp(nn.Module):
 
 
 def _train(device, mode, steps=8):
-    torch.manual_seed(0)
-    model = NkiMlp().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(16, 32, generator=g).to(device), torch.randn(16, 8, generator=g).to(device))
-            for _ in range(steps)]
-    losses, per_step = [], []
-    with adaptive_eager.mode(mode):
-        adaptive_eager.reset_stats()
-        for x, y in data:
-            before = _launches()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-            per_step.append(_launches() - before)
-        losses = [float(v) for v in losses]
-    return losses, per_step, [p.detach().cpu() for p in model.parameters()]
+    return train_regression(NkiMlp, device, mode, regression_batches((16, 32), (16, 8), steps), steps)
 
 
 def test_training_through_an_nki_op_matches_cpu_and_fuses_into_one_launch_per_step():

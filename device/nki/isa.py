@@ -422,12 +422,7 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine=engine.unknown, name=No
 # --- Vector / Scalar / GpSimd: element-wise ------------------------------------------------------------
 def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op, engine=engine.unknown, name=None):
     op = ops.as_operator(op, instr="tensor_tensor")
-    for nm, t in (("data1", data1), ("data2", data2), ("dst", dst)):
-        _op.tile("tensor_tensor", nm, t)
-    _op.same_layout("tensor_tensor", "data1", data1, "data2", data2)
-    _op.same_layout("tensor_tensor", "data1", data1, "dst", dst)
-    if data1.buffer == PSUM and data2.buffer == PSUM:
-        raise NkiValidationError("tensor_tensor data1 and data2 cannot both be in PSUM")
+    _op.two_inputs("tensor_tensor", ("data1", data1), ("data2", data2), dst)
     if op.arity != 2:
         raise NkiValidationError(f"tensor_tensor needs a binary operator, got {op!r}")
     native_int = _op.all_int(dst, data1, data2) and all(t.dtype in (dt.int32, dt.uint32) for t in (dst, data1, data2))
@@ -482,12 +477,7 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0=False
 
 def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0, operand0, op1, operand1: NkiTensor, reverse0=False,
                          reverse1=False, name=None):
-    for nm, t in (("dst", dst), ("data", data), ("operand1", operand1)):
-        _op.tile("scalar_tensor_tensor", nm, t)
-    _op.same_layout("scalar_tensor_tensor", "data", data, "operand1", operand1)
-    _op.same_layout("scalar_tensor_tensor", "data", data, "dst", dst)
-    if data.buffer == PSUM and operand1.buffer == PSUM:
-        raise NkiValidationError("scalar_tensor_tensor data and operand1 cannot both be in PSUM")
+    _op.two_inputs("scalar_tensor_tensor", ("data", data), ("operand1", operand1), dst)
     op0 = ops.as_operator(op0, instr="scalar_tensor_tensor", what="op0")
     op1 = ops.as_operator(op1, instr="scalar_tensor_tensor", what="op1")
     if ops.BITVEC in (op0.kind, op1.kind):

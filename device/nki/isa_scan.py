@@ -9,9 +9,10 @@ from . import costs
 from . import ops
 from .constants import reduce_cmd
 from .errors import NkiValidationError
-from .operands import accumulate, alu, close_psum, column, issue, read, read_f32, reduce, same_layout, tile, write
+from .operands import (accumulate, alu, close_psum, column, issue, read, read_f32, reduce, same_layout, tile,
+                       two_inputs, write)
 from .program import current
-from .tensor import PSUM, SBUF, NkiTensor
+from .tensor import SBUF, NkiTensor
 
 
 def _arith(instr: str, what: str, op) -> ops.Operator:
@@ -25,12 +26,7 @@ def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initi
                        reverse1=False, name=None):
     """Per partition: r[0] = op1(op0(data0[0], initial), data1[0]),
     r[i] = op1(op0(data0[i], r[i-1]), data1[i]), over the flattened free dims, in float32."""
-    for nm, t in (("data0", data0), ("data1", data1), ("dst", dst)):
-        tile("tensor_tensor_scan", nm, t)
-    same_layout("tensor_tensor_scan", "data0", data0, "data1", data1)
-    same_layout("tensor_tensor_scan", "data0", data0, "dst", dst)
-    if data0.buffer == PSUM and data1.buffer == PSUM:
-        raise NkiValidationError("tensor_tensor_scan data0 and data1 cannot both be in PSUM")
+    two_inputs("tensor_tensor_scan", ("data0", data0), ("data1", data1), dst)
     o0, o1 = _arith("tensor_tensor_scan", "op0", op0), _arith("tensor_tensor_scan", "op1", op1)
     p = data0.partitions
     state = column("tensor_tensor_scan", "initial", initial, p)
@@ -103,12 +99,7 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value=0.0, reduce_res=None, 
 def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_false, reduce_res=None,
                   reduce_cmd=reduce_cmd.idle, reduce_op=ops.maximum, reverse_pred=False, name=None):
     """where(predicate, on_true, on_false), and optionally its row max into the accumulators."""
-    for nm, t in (("predicate", predicate), ("on_true", on_true), ("dst", dst)):
-        tile("select_reduce", nm, t)
-    same_layout("select_reduce", "on_true", on_true, "predicate", predicate)
-    same_layout("select_reduce", "on_true", on_true, "dst", dst)
-    if on_true.buffer == PSUM and predicate.buffer == PSUM:
-        raise NkiValidationError("select_reduce: on_true and predicate cannot both be in PSUM")
+    two_inputs("select_reduce", ("on_true", on_true), ("predicate", predicate), dst)
     if not predicate.dtype.is_int:
         raise NkiValidationError(f"select_reduce predicate must be an integer tile, got {predicate.dtype}")
     if ops.as_operator(reduce_op, instr="select_reduce", what="reduce_op") is not ops.maximum:

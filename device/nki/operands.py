@@ -42,6 +42,18 @@ def same_layout(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor
             f"{a_name} is {a.partitions} x {a.free_size} {a.shape}, {b_name} is {b.partitions} x {b.free_size} {b.shape}")
 
 
+def two_inputs(instr: str, first: tuple[str, NkiTensor], second: tuple[str, NkiTensor], dst: NkiTensor) -> None:
+    """Checks of an instruction reading two tiles element by element into dst: tiles, one
+    layout, and not both inputs in PSUM (one of them may be)."""
+    (n1, a), (n2, b) = first, second
+    for name, t in (first, second, ("dst", dst)):
+        tile(instr, name, t)
+    same_layout(instr, n1, a, n2, b)
+    same_layout(instr, n1, a, "dst", dst)
+    if a.buffer == PSUM and b.buffer == PSUM:
+        raise NkiValidationError(f"{instr} {n1} and {n2} cannot both be in PSUM")
+
+
 def column(instr: str, name: str, v, partitions: int):
     """A scalar operand, or a (P, 1) tile broadcast along the free dim: a float or a (P, 1) tensor."""
     if isinstance(v, NkiTensor):

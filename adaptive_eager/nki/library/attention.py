@@ -24,28 +24,13 @@ import adaptive_eager.nki as nki
 import adaptive_eager.nki.isa as nisa
 import adaptive_eager.nki.language as nl
 
-T = 128  # rows of a q tile and of a k/v tile
-LOWEST = -3.4028234663852886e38  # float32's lowest finite value
+from .tiles import LOWEST, P, load, row_tiles, transposed
+
+T = P  # rows of a q tile and of a k/v tile
 
 
-def _tiles(s: int):
-    return [(i * T, min(T, s - i * T)) for i in range((s + T - 1) // T)]
 
 
-def _transposed(tile, dtype):
-    """tile (p, f) in SBUF -> its transpose (f, p) in SBUF, in `dtype`, via the Tensor Engine."""
-    p, f = tile.shape
-    t_psum = nl.ndarray((f, p), dtype=tile.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=t_psum, data=tile)
-    out = nl.ndarray((f, p), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=t_psum)
-    return out
-
-
-def _load(src, dtype=None):
-    tile = nl.ndarray(src.shape, dtype=dtype or src.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=src)
-    return tile
 
 
 def _scores(qT, kT, scale, causal, q0, k0):
@@ -80,19 +65,19 @@ def flash_attention_forward(q, k, v, scale, causal):
     out = nl.ndarray((bh, s_len, d), dtype=q.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((bh, s_len, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     b = nl.program_id(0)
-    for q0, n in _tiles(s_len):
-        qT = _transposed(_load(q[b, q0:q0 + n, :]), q.dtype)
+    for q0, n in row_tiles(s_len):
+        qT = transposed(load(q[b, q0:q0 + n, :]), q.dtype)
         m = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=m, value=LOWEST)
         l_sum = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=l_sum, value=0.0)
         o = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=o, value=0.0)
-        for k0, m_rows in _tiles(s_len):
+        for k0, m_rows in row_tiles(s_len):
             if causal and k0 > q0 + n - 1:
                 break
-            kT = _transposed(_load(k[b, k0:k0 + m_rows, :]), k.dtype)
-            vt = _load(v[b, k0:k0 + m_rows, :])
+            kT = transposed(load(k[b, k0:k0 + m_rows, :]), k.dtype)
+            vt = load(v[b, k0:k0 + m_rows, :])
             s = _scores(qT, kT, scale, causal, q0, k0)
             row_max = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=row_max, op=nl.maximum, data=s, axis=1)
@@ -107,7 +92,7 @@ def flash_attention_forward(q, k, v, scale, causal):
             nisa.activation(dst=corr, op=nl.exp, data=m, bias=neg_new)
             nisa.scalar_tensor_tensor(dst=l_sum, data=l_sum, op0=nl.multiply, operand0=corr, op1=nl.add,
                                       operand1=row_sum)
-            _matmul_into(o, _transposed(p, v.dtype), vt, scale_acc=corr)
+            _matmul_into(o, transposed(p, v.dtype), vt, scale_acc=corr)
             nisa.tensor_scalar(dst=m, data=neg_new, op0=nl.multiply, operand0=-1.0)
         inv = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv, data=l_sum)
@@ -129,25 +114,25 @@ def flash_attention_backward(q, k, v, out, dout, lse, scale, causal):
     dk = nl.ndarray((bh, s_len, d), dtype=k.dtype, buffer=nl.shared_hbm)
     dv = nl.ndarray((bh, s_len, d), dtype=v.dtype, buffer=nl.shared_hbm)
     b = nl.program_id(0)
-    q_tiles = _tiles(s_len)
+    q_tiles = row_tiles(s_len)
     # per q tile: rowsum(dO * O), -lse, and the float32 dQ accumulator
     delta, neg_lse, dq_acc = [], [], []
     for q0, n in q_tiles:
         prod = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=prod, data1=_load(dout[b, q0:q0 + n, :], nl.float32),
-                           data2=_load(out[b, q0:q0 + n, :], nl.float32), op=nl.multiply)
+        nisa.tensor_tensor(dst=prod, data1=load(dout[b, q0:q0 + n, :], nl.float32),
+                           data2=load(out[b, q0:q0 + n, :], nl.float32), op=nl.multiply)
         dt = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=dt, op=nl.add, data=prod, axis=1)
         delta.append(dt)
         nl_t = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=nl_t, data=_load(lse[b, q0:q0 + n, :]), op0=nl.multiply, operand0=-1.0)
+        nisa.tensor_scalar(dst=nl_t, data=load(lse[b, q0:q0 + n, :]), op0=nl.multiply, operand0=-1.0)
         neg_lse.append(nl_t)
         acc = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=acc, value=0.0)
         dq_acc.append(acc)
-    for k0, m_rows in _tiles(s_len):
-        kt, vt = _load(k[b, k0:k0 + m_rows, :]), _load(v[b, k0:k0 + m_rows, :])
-        kT, vT = _transposed(kt, k.dtype), _transposed(vt, v.dtype)
+    for k0, m_rows in row_tiles(s_len):
+        kt, vt = load(k[b, k0:k0 + m_rows, :]), load(v[b, k0:k0 + m_rows, :])
+        kT, vT = transposed(kt, k.dtype), transposed(vt, v.dtype)
         dk_acc = nl.ndarray((m_rows, d), dtype=nl.float32, buffer=nl.sbuf)
         dv_acc = nl.ndarray((m_rows, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=dk_acc, value=0.0)
@@ -155,15 +140,15 @@ def flash_attention_backward(q, k, v, out, dout, lse, scale, causal):
         for i, (q0, n) in enumerate(q_tiles):
             if causal and q0 + n - 1 < k0:
                 continue
-            qt, dot = _load(q[b, q0:q0 + n, :]), _load(dout[b, q0:q0 + n, :])
-            s = _scores(_transposed(qt, q.dtype), kT, scale, causal, q0, k0)
+            qt, dot = load(q[b, q0:q0 + n, :]), load(dout[b, q0:q0 + n, :])
+            s = _scores(transposed(qt, q.dtype), kT, scale, causal, q0, k0)
             p = nl.ndarray((n, m_rows), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=p, op=nl.exp, data=s, bias=neg_lse[i])
             p_in = nl.ndarray((n, m_rows), dtype=v.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=p_in, src=p)
             _matmul_into(dv_acc, p_in, dot)  # dV_j += P^T dO_i
             dp = nl.ndarray((n, m_rows), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=dp, stationary=_transposed(dot, dout.dtype), moving=vT)  # dO_i V_j^T
+            nisa.nc_matmul(dst=dp, stationary=transposed(dot, dout.dtype), moving=vT)  # dO_i V_j^T
             ds = nl.ndarray((n, m_rows), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ds, data=dp, op0=nl.subtract, operand0=delta[i], op1=nl.multiply,
                                       operand1=p)
@@ -171,7 +156,7 @@ def flash_attention_backward(q, k, v, out, dout, lse, scale, causal):
             ds_in = nl.ndarray((n, m_rows), dtype=q.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=ds_in, src=ds)
             _matmul_into(dk_acc, ds_in, qt)  # dK_j += dS^T Q_i
-            _matmul_into(dq_acc[i], _transposed(ds, k.dtype), kt)  # dQ_i += dS K_j
+            _matmul_into(dq_acc[i], transposed(ds, k.dtype), kt)  # dQ_i += dS K_j
         dkt = nl.ndarray((m_rows, d), dtype=k.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=dkt, data=dk_acc, op0=nl.multiply, operand0=scale)
         nisa.dma_copy(dst=dk[b, k0:k0 + m_rows, :], src=dkt)

@@ -22,39 +22,16 @@ import adaptive_eager.nki as nki
 import adaptive_eager.nki.isa as nisa
 import adaptive_eager.nki.language as nl
 
-P = 128
-LOWEST = -3.4028234663852886e38
+from .tiles import LOWEST, P, cast, load, row_tiles, transposed, zeros
 
 
-def _tiles(n: int, size: int = P):
-    return [(i * size, min(size, n - i * size)) for i in range((n + size - 1) // size)]
 
 
-def _load(src, dtype=None):
-    tile = nl.ndarray(src.shape, dtype=dtype or src.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=src)
-    return tile
 
 
-def _zeros(shape):
-    t = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=t, value=0.0)
-    return t
 
 
-def _transposed(tile, dtype):
-    p, f = tile.shape
-    t_psum = nl.ndarray((f, p), dtype=tile.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=t_psum, data=tile)
-    out = nl.ndarray((f, p), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=t_psum)
-    return out
 
-
-def _cast(tile, dtype):
-    out = nl.ndarray(tile.shape, dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=tile)
-    return out
 
 
 def _matmul(stationary, moving):
@@ -77,8 +54,8 @@ def _down(a_in, wd_chunks, f_len, d):
     """a (n, F) @ w_down (F, D), contracting F 128 rows at a time in one PSUM accumulation."""
     n = a_in.shape[0]
     res = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.psum)
-    for i, (f0, fc) in enumerate(_tiles(f_len)):
-        nisa.nc_matmul(dst=res, stationary=_transposed(a_in[:, f0:f0 + fc], a_in.dtype), moving=wd_chunks[i],
+    for i, (f0, fc) in enumerate(row_tiles(f_len)):
+        nisa.nc_matmul(dst=res, stationary=transposed(a_in[:, f0:f0 + fc], a_in.dtype), moving=wd_chunks[i],
                        accumulate=i > 0)
     out = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=res)
@@ -88,7 +65,7 @@ def _down(a_in, wd_chunks, f_len, d):
 def _gates(logits, top_k):
     """softmax over each row's top_k logits, 0 elsewhere: (n, E) float32."""
     n, e = logits.shape
-    work = _cast(logits, nl.float32)
+    work = cast(logits, nl.float32)
     top = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
     kth = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
     for i in range(top_k):  # peel off the row max k times: the k-th one is the threshold
@@ -113,9 +90,19 @@ def _gates(logits, top_k):
     return gates
 
 
+def _expert_activations(xT, wg, wu):
+    """x @ w_gate, x @ w_up, silu of the first, and the gated product a = silu(hg) * hu."""
+    hg, hu = _matmul(xT, wg), _matmul(xT, wu)
+    sg = nl.ndarray(hg.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sg, op=nl.silu, data=hg)
+    a = nl.ndarray(hg.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=a, data1=sg, data2=hu, op=nl.multiply)
+    return hg, hu, sg, a
+
+
 def _expert_weights(w_gate, w_up, w_down, e, f_len):
-    wg, wu = _load(w_gate[e]), _load(w_up[e])
-    wd = [_load(w_down[e, f0:f0 + fc, :]) for f0, fc in _tiles(f_len)]
+    wg, wu = load(w_gate[e]), load(w_up[e])
+    wd = [load(w_down[e, f0:f0 + fc, :]) for f0, fc in row_tiles(f_len)]
     return wg, wu, wd
 
 
@@ -134,19 +121,16 @@ def moe_forward(x, router_w, w_gate, w_up, w_down, top_k):
     n_tokens, d, n_exp, f_len = _check(x, router_w, w_gate, w_down)
     y = nl.ndarray((n_tokens, d), dtype=x.dtype, buffer=nl.shared_hbm)
     gates_out = nl.ndarray((n_tokens, n_exp), dtype=nl.float32, buffer=nl.shared_hbm)
-    wr = _load(router_w)
-    for r0, n in _tiles(n_tokens):
-        xT = _transposed(_load(x[r0:r0 + n, :]), x.dtype)
+    wr = load(router_w)
+    for r0, n in row_tiles(n_tokens):
+        xT = transposed(load(x[r0:r0 + n, :]), x.dtype)
         gates = _gates(_matmul(xT, wr), top_k)
         nisa.dma_copy(dst=gates_out[r0:r0 + n, :], src=gates)
-        y_acc = _zeros((n, d))
+        y_acc = zeros((n, d))
         for e in range(n_exp):
             wg, wu, wd = _expert_weights(w_gate, w_up, w_down, e, f_len)
-            hg, hu = _matmul(xT, wg), _matmul(xT, wu)
-            a = nl.ndarray((n, f_len), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=a, op=nl.silu, data=hg)
-            nisa.tensor_tensor(dst=a, data1=a, data2=hu, op=nl.multiply)
-            out_e = _down(_cast(a, x.dtype), wd, f_len, d)
+            a = _expert_activations(xT, wg, wu)[3]
+            out_e = _down(cast(a, x.dtype), wd, f_len, d)
             nisa.scalar_tensor_tensor(dst=y_acc, data=out_e, op0=nl.multiply, operand0=gates[:, e:e + 1], op1=nl.add,
                                       operand1=y_acc)
         nisa.dma_copy(dst=y[r0:r0 + n, :], src=y_acc)
@@ -163,51 +147,47 @@ def moe_backward(dy, x, router_w, w_gate, w_up, w_down, gates):
     d_gate = nl.ndarray((n_exp, d, f_len), dtype=nl.float32, buffer=nl.shared_hbm)
     d_up = nl.ndarray((n_exp, d, f_len), dtype=nl.float32, buffer=nl.shared_hbm)
     d_down = nl.ndarray((n_exp, f_len, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    wr = _load(router_w)
-    wrT = _transposed(wr, dt)  # (E, D)
-    dr_acc = _zeros((d, n_exp))
-    dg_acc = [_zeros((d, f_len)) for _ in range(n_exp)]
-    du_acc = [_zeros((d, f_len)) for _ in range(n_exp)]
-    dd_acc = [[_zeros((fc, d)) for _, fc in _tiles(f_len)] for _ in range(n_exp)]
-    for r0, n in _tiles(n_tokens):
-        xt = _load(x[r0:r0 + n, :])
-        xT = _transposed(xt, dt)
-        dyt = _load(dy[r0:r0 + n, :], nl.float32)
-        g = _load(gates[r0:r0 + n, :])
-        dgate = _zeros((n, n_exp))
-        dx_acc = _zeros((n, d))
+    wr = load(router_w)
+    wrT = transposed(wr, dt)  # (E, D)
+    dr_acc = zeros((d, n_exp))
+    dg_acc = [zeros((d, f_len)) for _ in range(n_exp)]
+    du_acc = [zeros((d, f_len)) for _ in range(n_exp)]
+    dd_acc = [[zeros((fc, d)) for _, fc in row_tiles(f_len)] for _ in range(n_exp)]
+    for r0, n in row_tiles(n_tokens):
+        xt = load(x[r0:r0 + n, :])
+        xT = transposed(xt, dt)
+        dyt = load(dy[r0:r0 + n, :], nl.float32)
+        g = load(gates[r0:r0 + n, :])
+        dgate = zeros((n, n_exp))
+        dx_acc = zeros((n, d))
         for e in range(n_exp):
             wg, wu, wd = _expert_weights(w_gate, w_up, w_down, e, f_len)
-            hg, hu = _matmul(xT, wg), _matmul(xT, wu)
-            sg = nl.ndarray((n, f_len), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=sg, op=nl.silu, data=hg)
-            a = nl.ndarray((n, f_len), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=a, data1=sg, data2=hu, op=nl.multiply)
-            a_in = _cast(a, dt)
+            hg, hu, sg, a = _expert_activations(xT, wg, wu)
+            a_in = cast(a, dt)
             # d gate[:, e] = sum over D of dy * expert output
             prod = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=prod, data1=dyt, data2=_down(a_in, wd, f_len, d), op=nl.multiply)
             nisa.tensor_reduce(dst=dgate[:, e:e + 1], op=nl.add, data=prod, axis=1)
             dout = nl.ndarray((n, d), dtype=dt, buffer=nl.sbuf)  # dy * gate
             nisa.tensor_scalar(dst=dout, data=dyt, op0=nl.multiply, operand0=g[:, e:e + 1])
-            for i, (f0, fc) in enumerate(_tiles(f_len)):
+            for i, (f0, fc) in enumerate(row_tiles(f_len)):
                 _accumulate(dd_acc[e][i], a_in[:, f0:f0 + fc], dout)  # d w_down += a^T dout
             wdT = nl.ndarray((d, f_len), dtype=dt, buffer=nl.sbuf)  # w_down[e]^T, chunk by chunk
-            for i, (f0, fc) in enumerate(_tiles(f_len)):
-                nisa.tensor_copy(dst=wdT[:, f0:f0 + fc], src=_transposed(wd[i], dt))
-            da = _matmul(_transposed(dout, dt), wdT)  # (n, F)
+            for i, (f0, fc) in enumerate(row_tiles(f_len)):
+                nisa.tensor_copy(dst=wdT[:, f0:f0 + fc], src=transposed(wd[i], dt))
+            da = _matmul(transposed(dout, dt), wdT)  # (n, F)
             dhu = nl.ndarray((n, f_len), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=dhu, data1=da, data2=sg, op=nl.multiply)
             dhg = nl.ndarray((n, f_len), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=dhg, op=nl.silu_dx, data=hg)
             nisa.tensor_tensor(dst=dhg, data1=dhg, data2=hu, op=nl.multiply)
             nisa.tensor_tensor(dst=dhg, data1=dhg, data2=da, op=nl.multiply)
-            dhg_in, dhu_in = _cast(dhg, dt), _cast(dhu, dt)
+            dhg_in, dhu_in = cast(dhg, dt), cast(dhu, dt)
             _accumulate(dg_acc[e], xt, dhg_in)  # d w_gate += x^T dhg
             _accumulate(du_acc[e], xt, dhu_in)
-            for f0, fc in _tiles(f_len):  # dx += dhg w_gate^T + dhu w_up^T, contracting F
-                _accumulate(dx_acc, _transposed(dhg_in[:, f0:f0 + fc], dt), _transposed(wg[:, f0:f0 + fc], dt))
-                _accumulate(dx_acc, _transposed(dhu_in[:, f0:f0 + fc], dt), _transposed(wu[:, f0:f0 + fc], dt))
+            for f0, fc in row_tiles(f_len):  # dx += dhg w_gate^T + dhu w_up^T, contracting F
+                _accumulate(dx_acc, transposed(dhg_in[:, f0:f0 + fc], dt), transposed(wg[:, f0:f0 + fc], dt))
+                _accumulate(dx_acc, transposed(dhu_in[:, f0:f0 + fc], dt), transposed(wu[:, f0:f0 + fc], dt))
         # the router: d logits = gates * (d gates - sum(gates * d gates)), zero where not selected
         gd = nl.ndarray((n, n_exp), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=gd, data1=g, data2=dgate, op=nl.multiply)
@@ -216,12 +196,12 @@ def moe_backward(dy, x, router_w, w_gate, w_up, w_down, gates):
         dl = nl.ndarray((n, n_exp), dtype=dt, buffer=nl.sbuf)
         nisa.scalar_tensor_tensor(dst=dl, data=dgate, op0=nl.subtract, operand0=s, op1=nl.multiply, operand1=g)
         _accumulate(dr_acc, xt, dl)
-        _accumulate(dx_acc, _transposed(dl, dt), wrT)
+        _accumulate(dx_acc, transposed(dl, dt), wrT)
         nisa.dma_copy(dst=dx[r0:r0 + n, :], src=dx_acc)
     nisa.dma_copy(dst=d_router, src=dr_acc)
     for e in range(n_exp):
         nisa.dma_copy(dst=d_gate[e], src=dg_acc[e])
         nisa.dma_copy(dst=d_up[e], src=du_acc[e])
-        for i, (f0, fc) in enumerate(_tiles(f_len)):
+        for i, (f0, fc) in enumerate(row_tiles(f_len)):
             nisa.dma_copy(dst=d_down[e, f0:f0 + fc, :], src=dd_acc[e][i])
     return dx, d_router, d_gate, d_up, d_down

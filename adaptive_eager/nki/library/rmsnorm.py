@@ -13,13 +13,9 @@ import adaptive_eager.nki as nki
 import adaptive_eager.nki.isa as nisa
 import adaptive_eager.nki.language as nl
 
-P = 128
+from .tiles import P, row_tiles
+
 CHUNK = 512  # float32 columns of one PSUM bank
-
-
-def _row_tiles(n: int):
-    for r in range((n + P - 1) // P):
-        yield r * P, min(P, n - r * P)
 
 
 def _broadcast_rows(vector, cols: int, dtype=nl.float32):
@@ -36,7 +32,7 @@ def rmsnorm_forward(x, w, eps):
     y = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd_out = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     w_tile = _broadcast_rows(w, d)
-    for r0, n in _row_tiles(n_rows):
+    for r0, n in row_tiles(n_rows):
         xt = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=xt, src=x[r0:r0 + n, :])
         squares = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
@@ -65,7 +61,7 @@ def rmsnorm_backward(dy, x, w, rstd):
     nisa.memset(dst=dw_acc, value=0.0)
     ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    for r0, n in _row_tiles(n_rows):
+    for r0, n in row_tiles(n_rows):
         xt, gt = nl.load(x[r0:r0 + n, :], dtype=nl.float32), nl.load(dy[r0:r0 + n, :], dtype=nl.float32)
         rs = nl.load(rstd[r0:r0 + n, :])
         g = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.sbuf)
