@@ -1,4 +1,16 @@
-"""Device profiles: the published figures of the chips we emulate (see DESIGN.md)."""
+"""Device profiles: the published figures of the chips we emulate (see DESIGN.md).
+
+Note [Matmul rates]: the Tensor Engine's dense rate per chip, by the dtype its operands
+have (and so the dtype the roofline prices an op by):
+
+| operands | trn2 | trn3 | source |
+|---|---|---|---|
+| bf16, fp16 | 667 TFLOPS | 671 | AWS's Trainium2 / Trainium3 chip figures (DESIGN.md); data path "2x128 (dense BF16/FP16 input)" (nki guides/architecture/trainium2_arch.rst:50-52, trainium3_arch.rst:47-49) |
+| fp32 (and fp64, which the chip lacks) | 181 | 183 | AWS's chip figures; "roughly 4x higher" cost than BF16 per instruction (trainium_inferentia2_arch.rst:269) |
+| fp8 e5m2, e4m3fn, tensorwise or rowwise scaled (`torch._scaled_mm`) | 1,299 | 1,342 | trn2: AWS's dense FP8 figure, the data path's "4x128 (dense FP8_E4/FP8_E5 input)"; trn3: plain FP8 runs at the BF16 data path ("2x128 (non-MXFP8 dense input)"), doubled by the double-row FP8 mode that v3 and v4 document ("a 256 contraction dimension takes the same amount of time as the regular BF16/FP16 ... with a 128 contraction dimension", trainium2_arch.rst:101; nki.isa.nc_matmul's perf_mode) which the emulator assumes the compiler uses: 2 x 671 |
+| MXFP8 / MXFP4 (block-scaled) | - | 2,517 | AWS's Trainium3 figure; "8x128 (MXFP8 dense input)" (trainium3_arch.rst:47); torch has no MX-scaled matmul on the CPU, so only NKI's nc_matmul_mx would reach it |
+| fp8 e4m3fn on trn2, the fnuz fp8 types | bf16 rate | bf16 rate (fnuz) | not formats the Tensor Engine takes: trn2 takes the IEEE-style e4m3 and e5m2, OCP e4m3fn only "Starting NeuronCore-v4" (nki.isa.nc_matmul), fnuz on neither. As TorchNeuron converts int64 to int32 with a warning, the emulator warns once and prices them as converted to bf16; the values stay CPU's (the emulator never changes what an op computes) |
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -6,6 +18,7 @@ import dataclasses
 import torch
 
 GiB = 1024**3
+FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +30,10 @@ class DeviceProfile:
     hbm_bytes_per_chip: int
     hbm_bandwidth_bytes_per_s: float
     dense_bf16_flops: float
-    fp8_flops: float
+    fp8_flops: float  # tensorwise / rowwise scaled FP8 (Note [Matmul rates])
+    fp32_flops: float
+    mxfp8_flops: float | None  # block-scaled MX formats (None: the chip has no MX matmul)
+    fp8_types: tuple  # the torch fp8 dtypes its Tensor Engine takes
     sram_bytes_per_core: int
     psum_bytes_per_core: int
     # No official per-launch overhead is published. This default is our assumption: the
@@ -25,12 +41,20 @@ class DeviceProfile:
     launch_overhead_us: float
 
     def peak_flops(self, dtype: torch.dtype) -> float:
-        """Peak FLOP/s of one chip for a dtype; FP32 runs at a quarter of BF16 (assumption)."""
-        if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        """Peak dense FLOP/s of one chip for matmul operands of `dtype` (Note [Matmul rates])."""
+        if dtype in self.fp8_types:
             return self.fp8_flops
-        if dtype in (torch.bfloat16, torch.float16):
+        if dtype in (torch.bfloat16, torch.float16) or dtype in FP8_TYPES:  # an fp8 type it lacks: converted
             return self.dense_bf16_flops
-        return self.dense_bf16_flops / 4
+        return self.fp32_flops
+
+    def converted(self, dtype: torch.dtype) -> str | None:
+        """Why a matmul on `dtype` is priced as converted, or None when the Tensor Engine takes it."""
+        if dtype in FP8_TYPES and dtype not in self.fp8_types:
+            return (f"the {self.name} Tensor Engine does not take {dtype} matmul operands "
+                    f"(it takes {', '.join(str(t) for t in self.fp8_types)}); TorchNeuron would convert them. "
+                    f"The emulator computes them as the CPU does and prices them at the bf16 rate")
+        return None
 
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -41,6 +65,9 @@ PROFILES: dict[str, DeviceProfile] = {
         hbm_bandwidth_bytes_per_s=2.9e12,
         dense_bf16_flops=667e12,
         fp8_flops=1299e12,
+        fp32_flops=181e12,
+        mxfp8_flops=None,
+        fp8_types=(torch.float8_e5m2,),  # and the IEEE-style e4m3, which torch has no dtype for
         sram_bytes_per_core=28 * 1024**2,
         psum_bytes_per_core=2 * 1024**2,
         launch_overhead_us=15.0,
@@ -51,7 +78,10 @@ PROFILES: dict[str, DeviceProfile] = {
         hbm_bytes_per_chip=144 * GiB,
         hbm_bandwidth_bytes_per_s=4.9e12,
         dense_bf16_flops=671e12,
-        fp8_flops=2517e12,
+        fp8_flops=2 * 671e12,
+        fp32_flops=183e12,
+        mxfp8_flops=2517e12,
+        fp8_types=(torch.float8_e4m3fn, torch.float8_e5m2),
         sram_bytes_per_core=32 * 1024**2,
         psum_bytes_per_core=2 * 1024**2,
         launch_overhead_us=15.0,

@@ -175,7 +175,8 @@ class Runtime:
         """Register the C++ eager path (csrc/eager.cpp), with this runtime's cost figures.
         Once per process, after install()."""
         rates = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
-        native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32))
+        converted = {dt: why for dt in _PRICED_DTYPES if (why := self.config.profile.converted(dt))}
+        native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32), converted)
 
 
 def _spin_us(us: float) -> None:

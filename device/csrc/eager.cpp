@@ -30,12 +30,16 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/RefcountedDeleter.h>
+#include <torch/headeronly/version.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <typeinfo>
+#include <unordered_set>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -51,9 +55,26 @@ double g_us_per_byte = 0;
 std::unordered_map<int, double> g_us_per_flop;  // by ScalarType; written once, at install
 double g_default_us_per_flop = 0;
 
+// Note [Matmul rates] in device/profiles.py: a dtype the Tensor Engine does not take is priced as
+// converted; its first matmul says so, once (the values are still the CPU kernel's).
+std::unordered_map<int, std::string> g_converted;  // written once, at install
+std::mutex g_warned_mutex;
+std::unordered_set<int> g_warned;
+
 double us_per_flop(at::ScalarType t) {
   auto it = g_us_per_flop.find(static_cast<int>(t));
   return it == g_us_per_flop.end() ? g_default_us_per_flop : it->second;
+}
+
+void warn_if_converted(at::ScalarType t) {
+  auto it = g_converted.find(static_cast<int>(t));
+  if (it == g_converted.end()) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_warned_mutex);
+  if (g_warned.insert(static_cast<int>(t)).second) {
+    TORCH_WARN(it->second);
+  }
 }
 
 // FLOPs as torch.utils.flop_counter counts them, for the ops that do most of a model's math
@@ -118,6 +139,27 @@ double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in
     if (dims(a).size() == 3 && dims(a + 1).size() == 3) {
       return 2.0 * dims(a)[0] * dims(a)[1] * dims(a)[2] * dims(a + 1)[2];
     }
+  } else if (n == "aten::_scaled_mm" || n == "aten::_scaled_mm_v2") {  // (self [M, K], mat2 [K, N], scales...)
+    if (dims(0).size() == 2 && dims(1).size() == 2) {
+      return 2.0 * dims(0)[0] * dims(0)[1] * dims(1)[1];
+    }
+  } else if (n == "aten::_grouped_mm" || n == "aten::_scaled_grouped_mm") {
+    // (self, mat2, ...): 2D x 3D groups rows by offs, 3D x 3D is batched, 2D x 2D groups the
+    // contraction (weight gradients), 3D x 2D groups mat2's columns; each row of the output
+    // is one contraction of self's last dim
+    const auto a = dims(0), b = dims(1);
+    if (a.size() == 2 && b.size() == 3) {
+      return 2.0 * a[0] * a[1] * b[2];
+    }
+    if (a.size() == 3 && b.size() == 3) {
+      return 2.0 * a[0] * a[1] * a[2] * b[2];
+    }
+    if (a.size() == 2 && b.size() == 2) {
+      return 2.0 * a[0] * a[1] * b[1];
+    }
+    if (a.size() == 3 && b.size() == 2) {
+      return 2.0 * a[1] * a[2] * b[1];
+    }
   } else if (n == "aten::convolution") {  // (input, weight, bias?): all neuron tensors
     return conv_flop_count(dims(0), dims(1), out_dims(0), conv.transposed);
   } else if (n == "aten::convolution_backward") {  // (grad_output, input, weight)
@@ -135,11 +177,38 @@ double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in
   return 0;
 }
 
+// An op torch has no CPU kernel for cannot run on neuron, whose every op is the CPU's kernel on
+// the device's bytes: say so, with the backends it does have kernels for, instead of torch's
+// "Could not run ... with arguments from the 'CPU' backend".
+void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    return;  // the CPU kernel itself refused these arguments: its message stands
+  }
+  std::string where;
+  for (const auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::HIP, c10::DispatchKey::XPU, c10::DispatchKey::MPS}) {
+    if (op.hasKernelForDispatchKey(key)) {
+      where += std::string(where.empty() ? "" : ", ") + c10::toString(key);
+    }
+  }
+  const std::string& name = op.operator_name().name;
+  std::string hint = "compute it with ops the CPU has";
+  if (name == "aten::_scaled_grouped_mm") {
+    hint = "dequantize the operands (to bfloat16, times their scales) and call torch._grouped_mm, which runs on neuron";
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(false, name, " has no CPU kernel in torch ", TORCH_VERSION,
+                              where.empty() ? std::string() : " (it has kernels for " + where + " only)",
+                              ", and neuron runs every op with the CPU's kernel on the device's bytes: it cannot "
+                              "run on neuron; ", hint, ".");
+}
+
 double roofline_us(double flops, double nbytes, at::ScalarType dtype) {
   const double memory_us = nbytes * g_us_per_byte;
   if (flops == 0) {
     return memory_us;
   }
+  warn_if_converted(dtype);
   const double compute_us = flops * us_per_flop(dtype);
   return compute_us > memory_us ? compute_us : memory_us;
 }
@@ -519,7 +588,12 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (profiling() && !in_fused_launch()) {
     range.emplace("neuron::" + name.name);
   }
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (const c10::NotImplementedError&) {
+    refuse_without_cpu_kernel(op);  // says why in neuron's terms, or rethrows what the kernel said
+    throw;
+  }
   lent.reset();
 
   // Written arguments first: a result that is a written argument must see its new geometry.
@@ -772,10 +846,12 @@ void register_cpu_kernels_whole(torch::Library& aten) {
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       continue;  // a kernel of ours (empty, views, copies) registered above
     }
-    if (name.name.rfind("aten::_foreach_", 0) == 0 &&
+    if ((name.name.rfind("aten::_foreach_", 0) == 0 || name.name == "aten::_grouped_mm") &&
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       // CPU's foreach kernels are these composites (per-tensor loops); run whole, a foreach op
-      // is one op for the engine to defer, not one out= op per tensor.
+      // is one op for the engine to defer, not one out= op per tensor. So is _grouped_mm, whose
+      // CPU kernel is a loop of mm over the groups: on the chip, one grouped GEMM (one launch,
+      // priced by all its FLOPs).
       aten.impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
       continue;
     }
@@ -832,11 +908,14 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
-                   double default_us_per_flop) {
+                   double default_us_per_flop, const std::vector<std::pair<int, std::string>>& converted) {
   TORCH_CHECK(g_libraries.empty(), "the neuron eager kernels are installed once per process");
   g_us_per_byte = us_per_byte;
   for (const auto& [type, us] : us_per_flop) {
     g_us_per_flop[type] = us;
+  }
+  for (const auto& [type, why] : converted) {
+    g_converted[type] = why;
   }
   g_default_us_per_flop = default_us_per_flop;
   auto aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,

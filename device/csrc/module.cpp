@@ -46,14 +46,22 @@ py::tuple counters(int64_t index) {
                         c.launch_overhead_us);
 }
 
-// us_per_flop: {torch.dtype: us}, read here into ScalarType codes.
-void install_eager(double us_per_byte, const py::dict& us_per_flop, double default_us_per_flop) {
+// us_per_flop: {torch.dtype: us}, converted: {torch.dtype: why}, read here into ScalarType codes.
+void install_eager(double us_per_byte, const py::dict& us_per_flop, double default_us_per_flop,
+                   const py::dict& converted) {
+  auto code = [](const py::handle& dtype) {
+    TORCH_CHECK(THPDtype_Check(dtype.ptr()), "install_eager's keys must be torch.dtype");
+    return static_cast<int>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type);
+  };
   std::vector<std::pair<int, double>> rates;
   for (const auto& [dtype, us] : us_per_flop) {
-    TORCH_CHECK(THPDtype_Check(dtype.ptr()), "us_per_flop keys must be torch.dtype");
-    rates.emplace_back(static_cast<int>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type), us.cast<double>());
+    rates.emplace_back(code(dtype), us.cast<double>());
   }
-  neuron::install_eager(us_per_byte, rates, default_us_per_flop);
+  std::vector<std::pair<int, std::string>> why;
+  for (const auto& [dtype, text] : converted) {
+    why.emplace_back(code(dtype), text.cast<std::string>());
+  }
+  neuron::install_eager(us_per_byte, rates, default_us_per_flop, why);
 }
 
 // The synchronizer is Python (the runtime's synchronize): called with the GIL, from the

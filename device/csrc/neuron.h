@@ -181,8 +181,9 @@ void reset_counters();
 
 // eager.cpp: the eager path of native neuron tensors (CPU kernels on device memory), with the
 // cost model's figures (us_per_flop by ScalarType code).
+// `converted`: the dtypes whose matmuls are priced as converted, and why (warned once each).
 void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
-                   double default_us_per_flop);
+                   double default_us_per_flop, const std::vector<std::pair<int, std::string>>& converted);
 // layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
 // alive in libraries (Note [Dense layouts only]).
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
