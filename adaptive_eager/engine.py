@@ -250,7 +250,8 @@ class AdaptiveExecutor(Executor):
                     self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
                 if self.config.launch_blocking:
                     return native.RUN_EAGER
-                if info.is_host_read or info.has_data_dependent_shape or info.may_resize or info.is_collective:
+                if info.is_host_read or info.may_resize or info.is_collective or (
+                        info.has_data_dependent_shape and not info.static_shape_for(args)):
                     return self._sync_op(info, func, args, kwargs)
                 out = self._fast_paths(info, func, args, kwargs)
                 if out is not _NO_MATCH:

@@ -63,6 +63,17 @@ class OpInfo:
     # Its outputs' sizes come from its Scalar arguments' values (arange(0.0, n / 2, 0.5)):
     # floats are keyed by value for it, not lifted (Note [Lifted scalars] in record.py).
     sized_by_scalars: bool = False
+    # aten.index.Tensor: its output shape depends on the data only for boolean (mask) indices;
+    # with integer indices (x[tokens]) it is the indices' shape (static_shape_for below)
+    shape_from_index_dtypes: bool = False
+
+    def static_shape_for(self, args) -> bool:
+        """A data-dependent-shape op whose output shape, for these arguments, is not: indexing
+        with integer index tensors only."""
+        if not self.shape_from_index_dtypes or len(args) < 2:
+            return False
+        return all(i is None or (isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8))
+                   for i in args[1])
 
     @property
     def mutates(self) -> bool:
@@ -133,4 +144,5 @@ def _classify(op) -> OpInfo:
         is_collective=is_distributed_namespace(op.namespace),
         cost_hook=COST_HOOKS.get(op),
         sized_by_scalars=schema.name in _SIZED_BY_SCALARS,
+        shape_from_index_dtypes=op is aten.index.Tensor,
     )

@@ -434,3 +434,38 @@ def test_an_arange_whose_float_end_changes_gets_its_own_length():
     eager, adaptive = run("eager"), run("adaptive")
     assert [o.shape[0] for o in adaptive] == [3] * 4 + [7] * 3
     assert all(torch.equal(a, b) for a, b in zip(adaptive, eager))
+
+
+def _gather_steps(index_dtype, steps=8):
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0)).to("neuron")
+    g = torch.Generator().manual_seed(1)
+    if index_dtype is torch.bool:
+        indices = [(torch.rand(64, generator=g) > 0.5).to("neuron") for _ in range(steps)]
+    else:
+        indices = [torch.randint(0, 64, (32,), generator=g).to("neuron") for _ in range(steps)]
+    outs, per_step = [], []
+    for idx in indices:
+        before = adaptive_eager.stats().launches
+        outs.append((x[idx] * 2 + 1).tanh().sum(0))
+        per_step.append(adaptive_eager.stats().launches - before)
+    return [o.cpu() for o in outs], per_step
+
+
+def test_indexing_with_integer_tensors_is_deferred_into_traces():
+    """x[idx] with integer indices has the indices' shape: a data-dependent-shape op only for
+    boolean masks, so MoE routing (x[tokens]) fuses with the rest of its step."""
+    with adaptive_eager.mode("eager"):
+        expected, _ = _gather_steps(torch.int64)
+    with adaptive_eager.mode("adaptive"):
+        got, per_step = _gather_steps(torch.int64)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert per_step[-1] == 1  # the gather fused with the rest of the step: one launch
+
+
+def test_indexing_with_a_boolean_mask_stays_a_sync_point():
+    with adaptive_eager.mode("eager"):
+        expected, _ = _gather_steps(torch.bool)
+    with adaptive_eager.mode("adaptive"):
+        got, per_step = _gather_steps(torch.bool)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert per_step[-1] >= 2  # the mask's nonzero count is read before the op can run: its own launch

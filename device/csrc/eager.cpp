@@ -846,12 +846,15 @@ void register_cpu_kernels_whole(torch::Library& aten) {
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       continue;  // a kernel of ours (empty, views, copies) registered above
     }
-    if ((name.name.rfind("aten::_foreach_", 0) == 0 || name.name == "aten::_grouped_mm") &&
+    if ((name.name.rfind("aten::_foreach_", 0) == 0 || name.name == "aten::_grouped_mm" ||
+         c10::toString(name) == "aten::abs") &&
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       // CPU's foreach kernels are these composites (per-tensor loops); run whole, a foreach op
       // is one op for the engine to defer, not one out= op per tensor. So is _grouped_mm, whose
       // CPU kernel is a loop of mm over the groups: on the chip, one grouped GEMM (one launch,
-      // priced by all its FLOPs).
+      // priced by all its FLOPs). And abs, whose composite calls abs.out: an out= op is a sync
+      // point of the adaptive engine (it may resize), and torchao's float8 casts take the abs
+      // of every tensor they scale.
       aten.impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
       continue;
     }
