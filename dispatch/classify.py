@@ -69,11 +69,12 @@ class OpInfo:
 
     def static_shape_for(self, args) -> bool:
         """A data-dependent-shape op whose output shape, for these arguments, is not: indexing
-        with integer index tensors only."""
+        with integer index tensors only, on the device (host indices run now, as before: a
+        deferred op would read them after the caller may have changed them)."""
         if not self.shape_from_index_dtypes or len(args) < 2:
             return False
-        return all(i is None or (isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8))
-                   for i in args[1])
+        return all(i is None or (isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8)
+                                 and i.device.type != "cpu") for i in args[1])
 
     @property
     def mutates(self) -> bool:

@@ -469,3 +469,20 @@ def test_indexing_with_a_boolean_mask_stays_a_sync_point():
         got, per_step = _gather_steps(torch.bool)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     assert per_step[-1] >= 2  # the mask's nonzero count is read before the op can run: its own launch
+
+
+@pytest.mark.parametrize("where", ["cpu", "neuron"])
+def test_an_index_tensor_changed_after_the_gather_was_issued_does_not_change_its_result(where):
+    """Device indices are deferred with the op (the op reads them in stream order); host
+    indices make the gather run now (a deferred op would read them after they changed)."""
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0)).to("neuron")
+
+    def run(mode):
+        idx, outs = torch.arange(32).to(where), []
+        with adaptive_eager.mode(mode):
+            for _ in range(STEPS + 2):
+                outs.append((x[idx] * 2).sum(0))
+                idx.add_(1)
+            return [o.cpu() for o in outs]
+
+    assert all(torch.equal(a, b) for a, b in zip(run("adaptive"), run("eager")))
