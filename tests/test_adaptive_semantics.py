@@ -486,3 +486,37 @@ def test_an_index_tensor_changed_after_the_gather_was_issued_does_not_change_its
             return [o.cpu() for o in outs]
 
     assert all(torch.equal(a, b) for a, b in zip(run("adaptive"), run("eager")))
+
+
+RUN_WHOLE = {  # functional ops whose CPU kernel computes through their out= variant (eager.cpp's kRunWhole)
+    "abs": lambda x: x.abs(),
+    "logical_and": lambda x: torch.logical_and(x > 0, x < 0.5).float(),
+    "logical_not": lambda x: torch.logical_not(x > 0).float(),
+    "nan_to_num": lambda x: torch.nan_to_num(x.log()),
+    "logsumexp": lambda x: torch.logsumexp(x, dim=1, keepdim=True).expand_as(x),
+    "deg2rad": lambda x: torch.deg2rad(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUN_WHOLE))
+def test_ops_whose_cpu_kernel_goes_through_out_variants_stay_inside_traces(name):
+    fn = RUN_WHOLE[name]
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).to("neuron")
+
+    def run(mode):
+        outs, per_step = [], []
+        with adaptive_eager.mode(mode):
+            y = x
+            for _ in range(STEPS + 2):
+                before = adaptive_eager.stats().launches
+                y = (fn(y) * 0.5 + x).tanh()
+                outs.append(y)
+                per_step.append(adaptive_eager.stats().launches - before)
+            return [o.cpu() for o in outs], per_step
+
+    expected, _ = run("eager")
+    got, per_step = run("adaptive")
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    flushes = adaptive_eager.stats().flushes
+    assert per_step[-1] <= 1, per_step
+    assert not [r for r in flushes if r.endswith(".out")], flushes  # no out= op cut a trace

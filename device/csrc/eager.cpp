@@ -177,6 +177,16 @@ double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in
   return 0;
 }
 
+// Functional ops whose CPU kernel is a composite computing through their out= variant (found by
+// running OpInfo's samples in adaptive mode): run whole, as the CPU runs them. Decomposed on
+// neuron, the out= op would be a sync point of the adaptive engine (an out= op may resize its
+// output), cutting every trace they sit in; torchao's float8 casts take the abs of each
+// tensor they scale, for one.
+const std::unordered_set<std::string> kRunWhole = {
+    "aten::abs", "aten::complex", "aten::deg2rad", "aten::rad2deg", "aten::frexp.Tensor", "aten::logical_not",
+    "aten::logical_and", "aten::logical_or", "aten::logical_xor", "aten::logsumexp", "aten::nan_to_num",
+    "aten::polar"};
+
 // An op torch has no CPU kernel for cannot run on neuron, whose every op is the CPU's kernel on
 // the device's bytes: say so, with the backends it does have kernels for, instead of torch's
 // "Could not run ... with arguments from the 'CPU' backend".
@@ -847,14 +857,12 @@ void register_cpu_kernels_whole(torch::Library& aten) {
       continue;  // a kernel of ours (empty, views, copies) registered above
     }
     if ((name.name.rfind("aten::_foreach_", 0) == 0 || name.name == "aten::_grouped_mm" ||
-         c10::toString(name) == "aten::abs") &&
+         kRunWhole.count(c10::toString(name)) != 0) &&
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       // CPU's foreach kernels are these composites (per-tensor loops); run whole, a foreach op
       // is one op for the engine to defer, not one out= op per tensor. So is _grouped_mm, whose
       // CPU kernel is a loop of mm over the groups: on the chip, one grouped GEMM (one launch,
-      // priced by all its FLOPs). And abs, whose composite calls abs.out: an out= op is a sync
-      // point of the adaptive engine (it may resize), and torchao's float8 casts take the abs
-      // of every tensor they scale.
+      // priced by all its FLOPs). And kRunWhole's.
       aten.impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
       continue;
     }
