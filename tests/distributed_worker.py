@@ -272,6 +272,14 @@ def main() -> None:
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    # Leave without interpreter finalization: gloo's worker threads may still be dropping a
+    # finished Work whose tensors hold Python objects, and CPython kills a thread that asks
+    # for the GIL during finalization, aborting the rank after its results are written
+    # ("terminate called without an active exception"; pytorch/pytorch#190489, reproduced on
+    # CPU with this package not loaded). Everything this rank reports is written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
