@@ -59,6 +59,18 @@ def train_regression(make_model, device: str, mode: str, batches: list, steps: i
     return losses, per_step, [p.detach().cpu() for p in model.parameters()]
 
 
+def neuron_steps_matching_cpu(train) -> list[int]:
+    """Run train(device, mode) (train_regression's triple) on the CPU, then on neuron in eager
+    and adaptive mode; assert both give the CPU's losses and parameters bit for bit, and return
+    the launches of each adaptive step."""
+    cpu_losses, _, cpu_params = train("cpu", "eager")
+    for mode in ("eager", "adaptive"):
+        losses, per_step, params = train("neuron", mode)
+        assert losses == cpu_losses, mode
+        assert all(torch.equal(a, b) for a, b in zip(params, cpu_params)), mode
+    return per_step
+
+
 def regression_batches(shape_x, shape_y, steps: int, seed: int = 1) -> list:
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(shape_x, generator=g), torch.randn(shape_y, generator=g)) for _ in range(steps)]
