@@ -36,6 +36,11 @@ class DeviceProfile:
     fp8_types: tuple  # the torch fp8 dtypes its Tensor Engine takes
     sram_bytes_per_core: int
     psum_bytes_per_core: int
+    # The Vector Engine, which bounds the ops the Tensor Engine does not run (Note [The Vector
+    # Engine floor] in device/cost.py): its clock, and the dtypes it streams 512 elements of per
+    # cycle (256 of the others).
+    vector_hz: float
+    vector_wide_types: tuple
     # No official per-launch overhead is published. This default is our assumption: the
     # order of magnitude of a runtime kernel launch on an accelerator (10-20 us).
     launch_overhead_us: float
@@ -47,6 +52,10 @@ class DeviceProfile:
         if dtype in (torch.bfloat16, torch.float16) or dtype in FP8_TYPES:  # an fp8 type it lacks: converted
             return self.dense_bf16_flops
         return self.fp32_flops
+
+    def vector_elements_per_s(self, dtype: torch.dtype) -> float:
+        """Elements per second one NeuronCore's Vector Engine streams at its widest, of `dtype`."""
+        return (512 if dtype in self.vector_wide_types else 256) * self.vector_hz
 
     def converted(self, dtype: torch.dtype) -> str | None:
         """Why a matmul on `dtype` is priced as converted, or None when the Tensor Engine takes it."""
@@ -70,6 +79,8 @@ PROFILES: dict[str, DeviceProfile] = {
         fp8_types=(torch.float8_e5m2,),  # and the IEEE-style e4m3, which torch has no dtype for
         sram_bytes_per_core=28 * 1024**2,
         psum_bytes_per_core=2 * 1024**2,
+        vector_hz=0.96e9,  # nki guides/architecture/trainium2_arch.rst:54-56, as the widths:
+        vector_wide_types=(torch.bfloat16, torch.float16),  # "512 BF16/FP16 input/output; 256 ... other"
         launch_overhead_us=15.0,
     ),
     "trn3": DeviceProfile(
@@ -84,6 +95,8 @@ PROFILES: dict[str, DeviceProfile] = {
         fp8_types=(torch.float8_e4m3fn, torch.float8_e5m2),
         sram_bytes_per_core=32 * 1024**2,
         psum_bytes_per_core=2 * 1024**2,
+        vector_hz=1.2e9,  # nki guides/architecture/trainium3_arch.rst:51-53, as the widths:
+        vector_wide_types=(torch.bfloat16, torch.float16) + FP8_TYPES,  # "512 BF16/FP16/FP8 input/output"
         launch_overhead_us=15.0,
     ),
 }

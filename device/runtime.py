@@ -174,9 +174,11 @@ class Runtime:
     def install_eager(self) -> None:
         """Register the C++ eager path (csrc/eager.cpp), with this runtime's cost figures.
         Once per process, after install()."""
-        rates = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
+        flop_us = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
+        element_us = {dt: self.cost.us_per_vector_element(dt) for dt in _PRICED_DTYPES}
         converted = {dt: why for dt in _PRICED_DTYPES if (why := self.config.profile.converted(dt))}
-        native.install_eager(self.cost.us_per_byte, rates, self.cost.us_per_flop(torch.float32), converted)
+        native.install_eager(self.cost.us_per_byte, self.cost.on_chip_bytes, flop_us, self.cost.us_per_flop(torch.float32),
+                             element_us, self.cost.us_per_vector_element(torch.float32), converted)
 
 
 def _spin_us(us: float) -> None:

@@ -77,10 +77,13 @@ def test_decoding_with_a_growing_kv_cache_runs_one_launch_per_token_with_cpus_to
 def test_a_shape_generic_launch_is_priced_at_the_shapes_it_ran_with():
     _, _, eager_busy = _decode("neuron", "eager")
     _, _, adaptive_busy = _decode("neuron", "adaptive")
-    # Each op of a fused launch is priced as eager mode prices it, at this token's sizes: the
-    # same busy time token by token, growing with the cache.
-    assert adaptive_busy == pytest.approx(eager_busy, rel=1e-9)
-    assert adaptive_busy[-1] > adaptive_busy[WARMUP]
+    # Each op of a fused launch is priced at this token's sizes: its busy time grows with the
+    # cache token by token (priced at the recorded sizes, it would stay flat), and never
+    # exceeds eager mode's, which reads and writes every intermediate in HBM (Note [On-chip
+    # intermediates] in device/cost.py).
+    steady = adaptive_busy[WARMUP:]
+    assert all(a < b for a, b in zip(steady, steady[1:])), steady
+    assert all(0 < a <= e * (1 + 1e-9) for a, e in zip(adaptive_busy, eager_busy))
 
 
 def _train_varying(mode: str, lengths, device="neuron"):

@@ -33,6 +33,7 @@
 #include <torch/headeronly/version.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -51,20 +52,30 @@ using c10::DeviceIndex;
 using c10::IValue;
 
 // -- the cost model's figures, set from Python (device/cost.py) ---------------------------
+// Written once, at install.
 double g_us_per_byte = 0;
-std::unordered_map<int, double> g_us_per_flop;  // by ScalarType; written once, at install
-double g_default_us_per_flop = 0;
+double g_on_chip_bytes = 0;  // the logical device's SBUF (Note [On-chip intermediates])
+struct RateTable {  // µs per unit by ScalarType
+  std::unordered_map<int, double> by_type;
+  double default_us = 0;
+
+  void set(const Rates& rates) {
+    by_type.insert(rates.by_type.begin(), rates.by_type.end());
+    default_us = rates.default_us;
+  }
+  double of(at::ScalarType t) const {
+    auto it = by_type.find(static_cast<int>(t));
+    return it == by_type.end() ? default_us : it->second;
+  }
+};
+RateTable g_us_per_flop;  // Note [Matmul rates] (device/profiles.py)
+RateTable g_us_per_element;  // Note [The Vector Engine floor] (device/cost.py)
 
 // Note [Matmul rates] in device/profiles.py: a dtype the Tensor Engine does not take is priced as
 // converted; its first matmul says so, once (the values are still the CPU kernel's).
 std::unordered_map<int, std::string> g_converted;  // written once, at install
 std::mutex g_warned_mutex;
 std::unordered_set<int> g_warned;
-
-double us_per_flop(at::ScalarType t) {
-  auto it = g_us_per_flop.find(static_cast<int>(t));
-  return it == g_us_per_flop.end() ? g_default_us_per_flop : it->second;
-}
 
 void warn_if_converted(at::ScalarType t) {
   auto it = g_converted.find(static_cast<int>(t));
@@ -120,6 +131,10 @@ std::vector<int64_t> swap01(c10::IntArrayRef s) {  // torch's t(shape): channels
   }
   return v;
 }
+
+const std::unordered_set<std::string> kTensorEngineOps = {
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_scaled_mm_v2",
+    "aten::_grouped_mm", "aten::_scaled_grouped_mm", "aten::convolution", "aten::convolution_backward"};
 
 double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in, const ConvFlags& conv,
                 const IValue* out, size_t num_out) {
@@ -213,13 +228,16 @@ void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
                               "run on neuron; ", hint, ".");
 }
 
-double roofline_us(double flops, double nbytes, at::ScalarType dtype) {
+// nbytes: what the op moves to or from HBM; elements: what it streams through the Vector
+// Engine if the Tensor Engine does not run it (flops == 0).
+double roofline_us(double flops, double nbytes, double elements, at::ScalarType dtype) {
   const double memory_us = nbytes * g_us_per_byte;
   if (flops == 0) {
-    return memory_us;
+    const double vector_us = elements * g_us_per_element.of(dtype);
+    return vector_us > memory_us ? vector_us : memory_us;
   }
   warn_if_converted(dtype);
-  const double compute_us = flops * us_per_flop(dtype);
+  const double compute_us = flops * g_us_per_flop.of(dtype);
   return compute_us > memory_us ? compute_us : memory_us;
 }
 
@@ -326,6 +344,7 @@ struct HostCall {
   DeviceIndex target = -1;  // the device a `device=` argument names
   bool cpu_indices_ok = false;
   double in_bytes = 0;
+  double in_elements = 0;  // summed: the Vector Engine streams each input (Note [The Vector Engine floor])
   c10::optional<at::ScalarType> dtype;
   // (host storage, neuron storage): each alias storage and the neuron storage it aliases, and
   // each new result's CPU storage and the neuron storage that adopted it; found by the neuron
@@ -381,6 +400,7 @@ struct HostCall {
       dtype = t.scalar_type();
     }
     in_bytes += static_cast<double>(t.numel()) * t.element_size();
+    in_elements += static_cast<double>(t.numel());
     at::Tensor alias;
     const size_t same = storage_with_bytes(t.storage());
     if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias
@@ -435,16 +455,18 @@ struct HostCall {
     return neuron_tensor_on(adopted, r);
   }
 
-  IValue result_from_host(IValue v, DeviceIndex d, double* out_bytes) {
+  // Adds the result's bytes to *out_bytes and raises *out_elements to its largest output.
+  IValue result_from_host(IValue v, DeviceIndex d, double* out_bytes, double* out_elements) {
     if (v.isTensor()) {
       const at::Tensor& r = v.toTensor();
       if (r.defined()) {
         *out_bytes += static_cast<double>(r.numel()) * r.element_size();
+        *out_elements = std::max(*out_elements, static_cast<double>(r.numel()));
       }
       return from_host(r, d);
     }
     if (v.isList() && holds_tensors(v)) {  // Tensor[], Tensor[][] (c10d)
-      return map_list(v, [&](IValue e, size_t) { return result_from_host(std::move(e), d, out_bytes); });
+      return map_list(v, [&](IValue e, size_t) { return result_from_host(std::move(e), d, out_bytes, out_elements); });
     }
     return v;
   }
@@ -617,14 +639,18 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   double out_bytes = 0;
+  double out_elements = 0;
   const size_t num_returns = schema.returns().size();
   const size_t results = stack->size() - num_returns;
   for (size_t i = 0; i < num_returns; ++i) {
     IValue& v = (*stack)[results + i];
-    v = call.result_from_host(std::move(v), result_device, &out_bytes);
+    v = call.result_from_host(std::move(v), result_device, &out_bytes, &out_elements);
   }
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
-  const double us = launch(d, roofline_us(flops, call.in_bytes + out_bytes, call.dtype.value_or(at::kFloat)), 1);
+  const OnChipShare on_chip = take_on_chip();
+  const double hbm_bytes = std::max(0.0, call.in_bytes + out_bytes - on_chip.bytes);
+  const double us = launch(d, roofline_us(flops, hbm_bytes, on_chip.folded ? 0 : std::max(call.in_elements, out_elements),
+                                          call.dtype.value_or(at::kFloat)), 1);
   if (range) {
     mark_device_time(us, "ops", 1, d);
   }
@@ -642,8 +668,10 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarTy
                                c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format) {
   check_dense_unpinned(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));  // the allocator takes the current device
-  return at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype), memory_format);
+  note_fresh_storage(t.storage());
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<at::ScalarType> dtype,
@@ -651,9 +679,11 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
                          c10::optional<bool> pin_memory) {
   check_dense_unpinned(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));
-  return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(kNeuron),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, c10::GetAllocator(kNeuron),
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                   c10::dtype_or_default(dtype));
+  note_fresh_storage(t.storage());
+  return t;
 }
 
 // Forward-mode AD and torch.func make tangents that are known zeros this way: a tensor with
@@ -739,8 +769,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                                                                                  : host_alias(dst);
   dst_host.copy_(src_host, non_blocking);
   const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
-  if (within_device) {
-    const double us = launch(dst.device().index(), roofline_us(0, 2 * nbytes, dst.scalar_type()), 1);
+  if (within_device) {  // reads the source, writes the destination (a cast's two differ)
+    const double moved = nbytes + static_cast<double>(self.numel()) * self.element_size();
+    const OnChipShare on_chip = take_on_chip();
+    const double hbm_bytes = std::max(0.0, moved - on_chip.bytes);
+    const double elements = on_chip.folded ? 0 : static_cast<double>(dst.numel());
+    const double us = launch(dst.device().index(), roofline_us(0, hbm_bytes, elements, dst.scalar_type()), 1);
     if (range) {
       mark_device_time(us, "ops", 1, dst.device().index());
     }
@@ -918,17 +952,19 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
               "; record a stream of the tensor's own device");
 }
 
-void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
-                   double default_us_per_flop, const std::vector<std::pair<int, std::string>>& converted) {
+double on_chip_bytes() { return g_on_chip_bytes; }
+
+bool runs_on_tensor_engine(const c10::OperatorName& name) { return kTensorEngineOps.count(name.name) > 0; }
+
+void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std::string>>& converted) {
   TORCH_CHECK(g_libraries.empty(), "the neuron eager kernels are installed once per process");
-  g_us_per_byte = us_per_byte;
-  for (const auto& [type, us] : us_per_flop) {
-    g_us_per_flop[type] = us;
-  }
+  g_us_per_byte = costs.us_per_byte;
+  g_on_chip_bytes = costs.on_chip_bytes;
+  g_us_per_flop.set(costs.us_per_flop);
+  g_us_per_element.set(costs.us_per_element);
   for (const auto& [type, why] : converted) {
     g_converted[type] = why;
   }
-  g_default_us_per_flop = default_us_per_flop;
   auto aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                                __FILE__, __LINE__);
   aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));

@@ -47,21 +47,27 @@ py::tuple counters(int64_t index) {
 }
 
 // us_per_flop: {torch.dtype: us}, converted: {torch.dtype: why}, read here into ScalarType codes.
-void install_eager(double us_per_byte, const py::dict& us_per_flop, double default_us_per_flop,
-                   const py::dict& converted) {
+// us_per_flop, us_per_element: {torch.dtype: us}, else the default; converted: {torch.dtype: why}.
+void install_eager(double us_per_byte, double on_chip_bytes, const py::dict& us_per_flop, double default_us_per_flop,
+                   const py::dict& us_per_element, double default_us_per_element, const py::dict& converted) {
   auto code = [](const py::handle& dtype) {
     TORCH_CHECK(THPDtype_Check(dtype.ptr()), "install_eager's keys must be torch.dtype");
     return static_cast<int>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type);
   };
-  std::vector<std::pair<int, double>> rates;
-  for (const auto& [dtype, us] : us_per_flop) {
-    rates.emplace_back(code(dtype), us.cast<double>());
-  }
+  auto rates = [&](const py::dict& by_dtype, double default_us) {
+    neuron::Rates out{{}, default_us};
+    for (const auto& [dtype, us] : by_dtype) {
+      out.by_type.emplace_back(code(dtype), us.cast<double>());
+    }
+    return out;
+  };
   std::vector<std::pair<int, std::string>> why;
   for (const auto& [dtype, text] : converted) {
     why.emplace_back(code(dtype), text.cast<std::string>());
   }
-  neuron::install_eager(us_per_byte, rates, default_us_per_flop, why);
+  neuron::install_eager({us_per_byte, on_chip_bytes, rates(us_per_flop, default_us_per_flop),
+                         rates(us_per_element, default_us_per_element)},
+                        why);
 }
 
 // The synchronizer is Python (the runtime's synchronize): called with the GIL, from the

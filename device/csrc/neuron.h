@@ -137,6 +137,17 @@ struct FusedLaunch {
 // A launch handed to the device stream counts as issued at once (stats(wait=False) sees
 // it); its device time is charged when it ends (FusedLaunch::issued_ops).
 void issue_launch(c10::DeviceIndex d, int64_t num_ops);
+// queue.cpp, Note [On-chip intermediates] (device/cost.py): what stays on chip of the op now
+// running in a fused launch, for the first launch it makes (which takes it: nothing after, and
+// outside a queued launch's op).
+struct OnChipShare {
+  double bytes = 0;  // left out of its HBM traffic
+  bool folded = false;  // a cast done by a neighbouring instruction: no Vector pass of its own
+};
+OnChipShare take_on_chip();
+// An empty tensor's new storage (eager.cpp's factories): while ops are queued, its first queued
+// writer makes a value of the launch.
+void note_fresh_storage(const c10::Storage& storage);
 // ranges.cpp: profiler ranges (Note [Profiler ranges] in device/profiling.py).
 bool profiling();  // a torch profiler records now; ask before building a Range
 class Range {  // one named range while it lives (nothing if no profiler records)
@@ -180,10 +191,21 @@ Counters counters(c10::DeviceIndex d);
 void reset_counters();
 
 // eager.cpp: the eager path of native neuron tensors (CPU kernels on device memory), with the
-// cost model's figures (us_per_flop by ScalarType code).
+// cost model's figures.
 // `converted`: the dtypes whose matmuls are priced as converted, and why (warned once each).
-void install_eager(double us_per_byte, const std::vector<std::pair<int, double>>& us_per_flop,
-                   double default_us_per_flop, const std::vector<std::pair<int, std::string>>& converted);
+struct Rates {  // µs per unit by ScalarType code, else the default
+  std::vector<std::pair<int, double>> by_type;
+  double default_us;
+};
+struct EagerCosts {
+  double us_per_byte;  // HBM
+  double on_chip_bytes;  // the logical device's SBUF (Note [On-chip intermediates] in device/cost.py)
+  Rates us_per_flop;  // the Tensor Engine's (Note [Matmul rates] in device/profiles.py)
+  Rates us_per_element;  // the Vector Engine's (Note [The Vector Engine floor] in device/cost.py)
+};
+void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std::string>>& converted);
+double on_chip_bytes();
+bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops counts FLOPs of
 // layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
 // alive in libraries (Note [Dense layouts only]).
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
