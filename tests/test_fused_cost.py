@@ -148,3 +148,23 @@ def test_the_vector_engine_is_widest_for_the_dtypes_its_guide_names():
     assert trn2.vector_elements_per_s(torch.float32) == 256 * 0.96e9
     assert trn3.vector_elements_per_s(torch.float8_e4m3fn) == 512 * 1.2e9
     assert trn3.vector_elements_per_s(torch.float32) == 256 * 1.2e9
+
+
+def test_the_op_log_says_where_a_fused_launchs_time_goes():
+    from device import native
+    x = torch.randn(N, device="neuron")
+    tick = torch.zeros(1, device="neuron")
+    with adaptive_eager.mode("adaptive"):
+        for step in range(STEPS):
+            torch.neuron.synchronize()
+            adaptive_eager.reset_stats()
+            native.set_op_log(step == STEPS - 1)
+            _step(_chain, x, tick)
+            torch.neuron.synchronize()
+            s = adaptive_eager.stats()
+    ops = native.take_op_log()
+    native.set_op_log(False)
+    assert s.launches == 1
+    assert [name for name, _ in ops] == ["aten::mul", "aten::add", "aten::mul", "aten::relu", "aten::add_"]
+    assert ops[1][1] == pytest.approx(_vector(N))  # on chip: the Vector Engine's time alone
+    assert sum(us for _, us in ops) == pytest.approx(s.device_time_us - s.launch_overhead_us)

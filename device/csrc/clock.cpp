@@ -26,6 +26,10 @@ thread_local FusedLaunch* t_fused = nullptr;
 // launches (a compiled graph's, say), which the counters' sums cannot say.
 std::atomic<bool> g_logging{false};
 std::vector<std::pair<int64_t, int64_t>> g_log;
+// While on, each op the eager path prices as (op, roofline µs), inside fused launches too:
+// where a launch's time goes (tests, bench/fp8_step.py).
+std::atomic<bool> g_op_logging{false};
+std::vector<std::pair<std::string, double>> g_op_log;
 
 Counters& counters_of(c10::DeviceIndex d) {
   TORCH_CHECK(d >= 0 && static_cast<size_t>(d) < g_counters.size(),
@@ -166,6 +170,27 @@ std::vector<std::pair<int64_t, int64_t>> take_launch_log() {
   std::lock_guard<std::mutex> guard(g_lock);
   std::vector<std::pair<int64_t, int64_t>> out;
   out.swap(g_log);
+  return out;
+}
+
+void set_op_log(bool on) {
+  std::lock_guard<std::mutex> guard(g_lock);
+  g_op_logging.store(on);
+  g_op_log.clear();
+}
+
+void log_op(const std::string& name, double op_us) {
+  if (!g_op_logging.load(std::memory_order_relaxed)) {
+    return;
+  }
+  std::lock_guard<std::mutex> guard(g_lock);
+  g_op_log.emplace_back(name, op_us);
+}
+
+std::vector<std::pair<std::string, double>> take_op_log() {
+  std::lock_guard<std::mutex> guard(g_lock);
+  std::vector<std::pair<std::string, double>> out;
+  out.swap(g_op_log);
   return out;
 }
 

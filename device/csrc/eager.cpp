@@ -649,8 +649,10 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
   const OnChipShare on_chip = take_on_chip();
   const double hbm_bytes = std::max(0.0, call.in_bytes + out_bytes - on_chip.bytes);
-  const double us = launch(d, roofline_us(flops, hbm_bytes, on_chip.folded ? 0 : std::max(call.in_elements, out_elements),
-                                          call.dtype.value_or(at::kFloat)), 1);
+  const double op_us = roofline_us(flops, hbm_bytes, on_chip.folded ? 0 : std::max(call.in_elements, out_elements),
+                                   call.dtype.value_or(at::kFloat));
+  log_op(name.name, op_us);
+  const double us = launch(d, op_us, 1);
   if (range) {
     mark_device_time(us, "ops", 1, d);
   }
@@ -774,7 +776,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     const OnChipShare on_chip = take_on_chip();
     const double hbm_bytes = std::max(0.0, moved - on_chip.bytes);
     const double elements = on_chip.folded ? 0 : static_cast<double>(dst.numel());
-    const double us = launch(dst.device().index(), roofline_us(0, hbm_bytes, elements, dst.scalar_type()), 1);
+    const double op_us = roofline_us(0, hbm_bytes, elements, dst.scalar_type());
+    log_op("aten::copy_", op_us);
+    const double us = launch(dst.device().index(), op_us, 1);
     if (range) {
       mark_device_time(us, "ops", 1, dst.device().index());
     }

@@ -137,7 +137,7 @@ struct FusedLaunch {
 // A launch handed to the device stream counts as issued at once (stats(wait=False) sees
 // it); its device time is charged when it ends (FusedLaunch::issued_ops).
 void issue_launch(c10::DeviceIndex d, int64_t num_ops);
-// queue.cpp, Note [On-chip intermediates] (device/cost.py): what stays on chip of the op now
+// on_chip.cpp, Note [On-chip intermediates] (device/cost.py): what stays on chip of the op now
 // running in a fused launch, for the first launch it makes (which takes it: nothing after, and
 // outside a queued launch's op).
 struct OnChipShare {
@@ -172,6 +172,10 @@ std::pair<double, int64_t> last_fused_launch();
 // The launch log (tests): while on, each launch's (device, ops) in order; take empties it.
 void set_launch_log(bool on);
 std::vector<std::pair<int64_t, int64_t>> take_launch_log();
+// The op log: while on, each op the eager path prices, as (name, roofline µs), fused or not.
+void set_op_log(bool on);
+void log_op(const std::string& name, double op_us);
+std::vector<std::pair<std::string, double>> take_op_log();
 
 struct Counters {
   int64_t launches = 0;

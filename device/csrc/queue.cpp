@@ -21,6 +21,7 @@
 //     never gets bytes: reading it raises the launch's error (check_computed).
 // One queue for the process: the engine defers only the ops of one trace, on one device, and
 // launches them before it defers anything else.
+#include "launch.h"
 #include "neuron.h"
 
 #include <ATen/ATen.h>
@@ -46,203 +47,6 @@ namespace neuron {
 namespace {
 
 using c10::IValue;
-
-// An argument that is a deferred output of an earlier op of the queue: its bytes do not
-// exist yet. Held weakly (see Note [Queued arguments count no references]).
-struct PendingArg {
-  size_t arg;  // argument index
-  int64_t element;  // index in a Tensor[] argument, or -1
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  const c10::StorageImpl* key;  // its address: kept unique while `storage` (a weak ref) lives
-  std::vector<int64_t> sizes, strides;  // its geometry, as the caller's tensor has it
-  int64_t offset;
-  caffe2::TypeMeta dtype;
-  c10::DispatchKeySet keys;  // math bits (conj, neg) included
-};
-
-// A neuron argument whose bytes exist, as Note [On-chip intermediates] (device/cost.py) sees
-// it: the caller's storage (weak: its address stays unique while the launch lives).
-struct ExistingArg {
-  size_t arg;
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  const c10::StorageImpl* key;
-  double nbytes;  // of the argument's view
-  bool written;
-  bool defines;  // the first write to a fresh storage (an empty tensor made while ops are queued)
-};
-
-struct Entry {
-  c10::OperatorHandle op;
-  std::vector<IValue> args;  // captured at issue (undefined where a PendingArg goes)
-  std::vector<PendingArg> pending;
-  std::vector<ExistingArg> existing;
-  std::shared_ptr<const DeferPlan> plan;
-  // The storages handed out for the new outputs, in plan order: weak, so an output nobody
-  // holds is not kept (a later queued op that reads it holds it through its own alias).
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
-  bool folded_cast = false;  // Note [On-chip intermediates] (plan_on_chip)
-};
-
-// Note [Queued arguments count no references]: autograd decides from reference counts
-// whether it may accumulate a gradient in place (InputBuffer: the storage's use_count() is
-// 1), so a queue holding references would change the very op stream it defers (add_ in
-// eager mode, add once deferred) and traces would never match. So the queue holds none a
-// caller can see: an argument whose bytes exist is captured on a new storage sharing those
-// bytes (share_bytes, memory.cpp: charged nothing, so a value the caller drops is released
-// from the device's books then, as in eager mode; same_bytes still sees the two as one, which
-// CPU kernels' overlap checks need, through the eager path's host aliases); a deferred
-// output of an earlier queued op is held weakly, and its bytes, once its op has run, are
-// kept by the launch for as long as queued readers remain (Launch::readers, ::produced), on
-// a storage sharing them the same way.
-struct Launch {
-  std::vector<Entry> entries;
-  std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
-  int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
-  // Note [On-chip intermediates] (device/cost.py), decided at issue by plan_on_chip: the values
-  // made in the launch that later ops read from SBUF, and those never written to HBM.
-  std::unordered_set<const c10::StorageImpl*> resident;
-  std::unordered_set<const c10::StorageImpl*> unstored;
-  std::unordered_set<const c10::StorageImpl*> streamed;  // made for the next op alone
-};
-
-thread_local OnChipShare t_on_chip;  // the running entry's (take_on_chip)
-
-// The storages of empty tensors made while ops are queued, not yet used by a queued op: the
-// first queued op that writes one (the copy_ of a cast: `x.float()` is empty_strided, then
-// copy_) makes a value in the launch, as a new output would be (Note [On-chip intermediates]).
-// Weak: their addresses stay unique until the queue launches, which forgets them.
-std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_fresh;
-
-// Note [On-chip intermediates]: which values of the launch stay on chip, from the queue alone
-// and the program's references at issue (so the modelled time is the same whenever the device
-// stream runs it). On the host thread, before the launch runs.
-void plan_on_chip(Launch& launch) {
-  const size_t n = launch.entries.size();
-  struct Reads {
-    size_t first, last, entries;  // the first and last entry that read a value, and how many do
-  };
-  std::unordered_map<const c10::StorageImpl*, Reads> reads;
-  auto read_at = [&](const c10::StorageImpl* key, size_t i) {
-    auto [it, added] = reads.try_emplace(key, Reads{i, i, 1});
-    if (!added && it->second.last != i) {
-      it->second.last = i;
-      ++it->second.entries;
-    }
-  };
-  for (size_t i = 0; i < n; ++i) {
-    for (const PendingArg& p : launch.entries[i].pending) {
-      read_at(p.key, i);
-    }
-    for (const ExistingArg& e : launch.entries[i].existing) {
-      if (!e.defines) {
-        read_at(e.key, i);
-      }
-    }
-  }
-  const double capacity = on_chip_bytes();
-  double used = 0;
-  std::vector<std::vector<std::pair<const c10::StorageImpl*, double>>> leaving(n);  // resident, last read at i
-  // A value entry i makes: held by the program at issue (`leaves`), the launch writes it to HBM.
-  auto made = [&](size_t i, const c10::StorageImpl* key, double nbytes, bool leaves) {
-    const auto read = reads.find(key);
-    if (read == reads.end()) {
-      if (!leaves) {
-        launch.unstored.insert(key);  // nobody reads it: never stored
-      }
-      return;
-    }
-    const Reads& r = read->second;
-    // Streamed: the next op alone reads it, tile by tile as it is made, off the Tensor Engine
-    // (whose operands are read once per output tile), so it needs no room of its own.
-    if (!leaves && r.entries == 1 && r.first == i + 1 && !runs_on_tensor_engine(launch.entries[i + 1].op.operator_name())) {
-      launch.resident.insert(key);
-      launch.unstored.insert(key);
-      launch.streamed.insert(key);
-      return;
-    }
-    if (used + nbytes > capacity) {
-      return;  // spilled: written to HBM, and read from there
-    }
-    used += nbytes;
-    leaving[r.last].emplace_back(key, nbytes);
-    launch.resident.insert(key);
-    if (!leaves) {
-      launch.unstored.insert(key);
-    }
-  };
-  for (size_t i = 0; i < n; ++i) {
-    const Entry& entry = launch.entries[i];
-    size_t k = 0;
-    for (const OutputSpec& spec : entry.plan->outputs) {
-      if (spec.defined) {
-        const c10::weak_intrusive_ptr<c10::StorageImpl>& output = entry.outputs[k++];
-        made(i, output._unsafe_get_target(), static_cast<double>(spec.nbytes), !output.expired());
-      }
-    }
-    for (const ExistingArg& e : entry.existing) {
-      if (e.defines) {
-        made(i, e.key, e.nbytes, !e.storage.expired());
-      }
-    }
-    for (const auto& value : leaving[i]) {
-      used -= value.second;
-    }
-  }
-  // A copy_ (a cast) streamed from the op before it or into the op after it is that op's
-  // conversion on reading or writing, as every engine instruction converts its operands:
-  // no Vector pass of its own.
-  for (Entry& entry : launch.entries) {
-    if (entry.op.operator_name().name != "aten::copy_") {
-      continue;
-    }
-    for (const PendingArg& p : entry.pending) {
-      entry.folded_cast = entry.folded_cast || launch.streamed.count(p.key) > 0;
-    }
-    for (const ExistingArg& e : entry.existing) {
-      entry.folded_cast = entry.folded_cast || launch.streamed.count(e.key) > 0;
-    }
-  }
-}
-
-double element_bytes(c10::IntArrayRef sizes, double item_size) {
-  return static_cast<double>(c10::multiply_integers(sizes)) * item_size;
-}
-
-// The bytes the eager path will count for this entry (its tensors' numel x element size) that
-// stay on chip: reads of resident values, writes of unstored ones (new outputs, and the
-// written arguments an in-place or out= op returns, which the eager path counts as outputs).
-double on_chip_bytes_of(const Launch& launch, const Entry& entry) {
-  const c10::FunctionSchema& schema = entry.op.schema();
-  bool returns_written = false;
-  for (const auto& r : schema.returns()) {
-    returns_written = returns_written || (r.alias_info() != nullptr && r.alias_info()->isWrite());
-  }
-  double bytes = 0;
-  auto argument = [&](const c10::StorageImpl* key, double nbytes, bool written, bool defines) {
-    if (!defines && launch.resident.count(key) > 0) {
-      bytes += nbytes;
-    }
-    if (written && returns_written && launch.unstored.count(key) > 0) {
-      bytes += nbytes;
-    }
-  };
-  for (const PendingArg& p : entry.pending) {
-    const auto* alias_info = schema.arguments()[p.arg].alias_info();
-    argument(p.key, element_bytes(p.sizes, static_cast<double>(p.dtype.itemsize())),
-             alias_info != nullptr && alias_info->isWrite(), false);
-  }
-  for (const ExistingArg& e : entry.existing) {
-    argument(e.key, e.nbytes, e.written, e.defines);
-  }
-  size_t k = 0;
-  for (const OutputSpec& spec : entry.plan->outputs) {
-    if (spec.defined && launch.unstored.count(entry.outputs[k++]._unsafe_get_target()) > 0) {
-      bytes += element_bytes(spec.sizes, static_cast<double>(c10::elementSize(spec.dtype)));
-    }
-  }
-  return bytes;
-}
 
 Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) and the GIL
 
@@ -381,11 +185,8 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
         return at::Tensor();
       }
       const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
-      const auto fresh = g_fresh.find(key);
-      const bool defines = written && fresh != g_fresh.end();
-      if (fresh != g_fresh.end()) {
-        g_fresh.erase(fresh);  // used: a value of the launch if this op writes it, else outside it
-      }
+      // A fresh storage's first use: a value of the launch if this op writes it, else outside it.
+      const bool defines = take_fresh(key) && written;
       entry.existing.push_back(ExistingArg{arg, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()),
                                            key, static_cast<double>(t.numel()) * static_cast<double>(t.element_size()),
                                            written, defines});
@@ -497,10 +298,7 @@ void run_entry(Launch& launch, Entry& entry) {
   const c10::FunctionSchema& schema = entry.op.schema();
   torch::jit::Stack stack = std::move(entry.args);  // released when the op has run
   bind_pending(launch, entry, stack);
-  struct OnChip {  // the entry's share, for its first launch (take_on_chip), and no later one
-    explicit OnChip(OnChipShare share) { t_on_chip = share; }
-    ~OnChip() { t_on_chip = OnChipShare(); }
-  } on_chip(OnChipShare{on_chip_bytes_of(launch, entry), entry.folded_cast});
+  const OnChipScope on_chip(launch, entry);
   entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   release_pending(launch, entry);
   size_t spec_index = 0;
@@ -703,7 +501,7 @@ int64_t run_queue() {
   Launch launch;
   std::swap(launch, g_queue);
   update_held();
-  g_fresh.clear();
+  forget_fresh();
   plan_on_chip(launch);
   int64_t failed = -1;
   try {
@@ -724,7 +522,7 @@ bool submit_queue() {
   std::swap(*launch, g_queue);
   update_held();
   launch->issued_ops = static_cast<int64_t>(launch->entries.size());
-  g_fresh.clear();
+  forget_fresh();
   plan_on_chip(*launch);
   issue_launch(launch->entries.front().plan->device, launch->issued_ops);
   g_worker->submit(std::move(launch));
@@ -732,19 +530,6 @@ bool submit_queue() {
 }
 
 bool launch_in_flight() { return g_worker->busy.load(); }
-
-void note_fresh_storage(const c10::Storage& storage) {
-  if (!route_active() || g_queue.entries.empty()) {
-    return;  // nothing queued (or the eager path of a queued op): not a value of a launch
-  }
-  g_fresh.emplace(storage.unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
-}
-
-OnChipShare take_on_chip() {
-  const OnChipShare share = t_on_chip;
-  t_on_chip = OnChipShare();
-  return share;
-}
 
 bool launch_finished() {
   std::unique_lock<std::mutex> guard(g_worker->lock);

@@ -10,6 +10,7 @@ another backend (a test below pins that).
 """
 from __future__ import annotations
 
+import json
 import types
 import warnings
 
@@ -20,6 +21,7 @@ from torch import nn
 
 import adaptive_eager
 from clients import assert_bitwise, require, train
+from subproc import run_python
 
 torchao = require("torchao")
 from torchao.float8 import convert_to_float8_training  # noqa: E402
@@ -88,6 +90,62 @@ def test_float8_training_matmuls_are_scaled_fp8_launches_on_neuron():
     # scaled fp8 matmuls; no matmul is left in high precision
     assert launched.count("neuron::aten::_scaled_mm") >= 12
     assert not {"neuron::aten::mm", "neuron::aten::addmm", "neuron::aten::bmm"} & set(launched)
+
+
+# One MLP block whose matmuls are compute-bound (1024 on every side), a float8 training step
+# against the same step in bf16, adaptive (one launch), on the trn3 profile; each priced op's
+# time from the op log, split into the matmuls and the rest.
+_STEP_TIMES = """
+    import json, warnings, torch, adaptive_eager
+    from torch import nn
+    from device import native
+    from torchao.float8 import convert_to_float8_training
+    warnings.filterwarnings("ignore")
+    MATMULS = {"aten::mm", "aten::_scaled_mm"}
+    out = {}
+    for fp8 in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.GELU(), nn.Linear(1024, 1024, bias=False))
+        model = model.to(torch.bfloat16)
+        if fp8:
+            model = convert_to_float8_training(model)
+        model = model.to("neuron")
+        # torchao computes every input gradient: so does bf16 here, for the same FLOPs
+        x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="neuron", requires_grad=True)
+        with adaptive_eager.mode("adaptive"):
+            for step in range(6):
+                adaptive_eager.reset_stats()
+                native.set_op_log(step == 5)
+                model(x).float().pow(2).mean().backward()
+                for p in [x, *model.parameters()]:
+                    p.grad = None
+                s = adaptive_eager.stats()
+        ops = native.take_op_log()
+        native.set_op_log(False)
+        out["fp8" if fp8 else "bf16"] = {
+            "launches": s.launches, "busy": s.device_time_us - s.launch_overhead_us,
+            "matmul": sum(us for name, us in ops if name in MATMULS),
+            "matmuls": sorted(name for name, _ in ops if name in MATMULS),
+            "other": sum(us for name, us in ops if name not in MATMULS)}
+    print(json.dumps(out))
+"""
+
+
+def test_float8_matmuls_take_half_the_bf16_time_on_trn3_and_the_scaling_costs_the_rest():
+    proc = run_python(_STEP_TIMES, env={"NEURON_PROFILE": "trn3"})
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    bf16, fp8 = got["bf16"], got["fp8"]
+    assert bf16["launches"] == fp8["launches"] == 1
+    # the forward, input-gradient and weight-gradient matmuls of both Linears: the same FLOPs,
+    # at 2 x 671 TFLOPS against 671
+    assert bf16["matmuls"] == ["aten::mm"] * 6 and fp8["matmuls"] == ["aten::_scaled_mm"] * 6
+    assert fp8["matmul"] == pytest.approx(bf16["matmul"] / 2, rel=1e-9)
+    # every op's time is in the log, and the dynamic scaling (amax, scale, cast of every
+    # operand) is Vector Engine work the bf16 step does not have
+    for run in (bf16, fp8):
+        assert run["matmul"] + run["other"] == pytest.approx(run["busy"], rel=1e-9)
+    assert fp8["other"] > bf16["other"]
 
 
 def test_int8_and_float8_weight_only_inference_give_cpus_outputs():

@@ -1,0 +1,90 @@
+// The adaptive engine's queue of deferred ops, as a launch: its entries as queue.cpp issues
+// them, shared with on_chip.cpp, which plans what of the launch stays on chip. Internal to
+// device/csrc (neuron.h is the core's interface).
+#pragma once
+
+#include "neuron.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace neuron {
+
+// An argument that is a deferred output of an earlier op of the queue: its bytes do not
+// exist yet. Held weakly (see Note [Queued arguments count no references]).
+struct PendingArg {
+  size_t arg;  // argument index
+  int64_t element;  // index in a Tensor[] argument, or -1
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  const c10::StorageImpl* key;  // its address: kept unique while `storage` (a weak ref) lives
+  std::vector<int64_t> sizes, strides;  // its geometry, as the caller's tensor has it
+  int64_t offset;
+  caffe2::TypeMeta dtype;
+  c10::DispatchKeySet keys;  // math bits (conj, neg) included
+};
+
+// A neuron argument whose bytes exist, as Note [On-chip intermediates] (device/cost.py) sees
+// it: the caller's storage (weak: its address stays unique while the launch lives).
+struct ExistingArg {
+  size_t arg;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  const c10::StorageImpl* key;
+  double nbytes;  // of the argument's view
+  bool written;
+  bool defines;  // the first write to a fresh storage (an empty tensor made while ops are queued)
+};
+
+struct Entry {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;  // captured at issue (undefined where a PendingArg goes)
+  std::vector<PendingArg> pending;
+  std::vector<ExistingArg> existing;
+  std::shared_ptr<const DeferPlan> plan;
+  // The storages handed out for the new outputs, in plan order: weak, so an output nobody
+  // holds is not kept (a later queued op that reads it holds it through its own alias).
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
+  bool folded_cast = false;  // Note [On-chip intermediates] (plan_on_chip)
+};
+
+// Note [Queued arguments count no references]: autograd decides from reference counts
+// whether it may accumulate a gradient in place (InputBuffer: the storage's use_count() is
+// 1), so a queue holding references would change the very op stream it defers (add_ in
+// eager mode, add once deferred) and traces would never match. So the queue holds none a
+// caller can see: an argument whose bytes exist is captured on a new storage sharing those
+// bytes (share_bytes, memory.cpp: charged nothing, so a value the caller drops is released
+// from the device's books then, as in eager mode; same_bytes still sees the two as one, which
+// CPU kernels' overlap checks need, through the eager path's host aliases); a deferred
+// output of an earlier queued op is held weakly, and its bytes, once its op has run, are
+// kept by the launch for as long as queued readers remain (Launch::readers, ::produced), on
+// a storage sharing them the same way.
+struct Launch {
+  std::vector<Entry> entries;
+  std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
+  int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
+  // Note [On-chip intermediates] (device/cost.py), decided at issue by plan_on_chip: the values
+  // made in the launch that later ops read from SBUF, and those never written to HBM.
+  std::unordered_set<const c10::StorageImpl*> resident;
+  std::unordered_set<const c10::StorageImpl*> unstored;
+  std::unordered_set<const c10::StorageImpl*> streamed;  // made for the next op alone
+};
+
+// on_chip.cpp, Note [On-chip intermediates] (device/cost.py).
+// Decides, at issue on the host thread, which values of the launch stay on chip.
+void plan_on_chip(Launch& launch);
+// While one lives, the entry's on-chip share goes to the first launch its op makes (take_on_chip).
+class OnChipScope {
+ public:
+  OnChipScope(const Launch& launch, const Entry& entry);
+  ~OnChipScope();
+  OnChipScope(const OnChipScope&) = delete;
+  OnChipScope& operator=(const OnChipScope&) = delete;
+};
+// Whether key is a fresh storage (note_fresh_storage) not used before; it is not any more.
+bool take_fresh(const c10::StorageImpl* key);
+void forget_fresh();  // the queue launched: the storages noted so far are no values of the next
+
+}  // namespace neuron
