@@ -293,6 +293,8 @@ void check_computed(const c10::Storage& storage);
 [[noreturn]] void raise_failure();
 void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan);
 int64_t queue_size();
+// Whether ops are queued (or a failed launch's error waits): an atomic read, from any thread.
+bool ops_held();
 // The queued ops of one device: issued, not yet run (stats() counts them as ops issued).
 int64_t queued_ops(c10::DeviceIndex device);
 // Runs the queue as one launch; returns how many ops ran. On an op's error, raises it after

@@ -5,6 +5,7 @@
 
 #include <c10/util/accumulate.h>
 
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -16,7 +17,9 @@ thread_local OnChipShare t_on_chip;  // the running entry's (take_on_chip)
 // The storages of empty tensors made while ops are queued, not yet used by a queued op: the
 // first queued op that writes one (the copy_ of a cast: `x.float()` is empty_strided, then
 // copy_) makes a value in the launch, as a new output would be (Note [On-chip intermediates]).
-// Weak: their addresses stay unique until the queue launches, which forgets them.
+// Weak: their addresses stay unique until the queue launches, which forgets them. Locked: an
+// empty tensor may be made on any thread (the factories are not routed to the engine).
+std::mutex g_fresh_lock;
 std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_fresh;
 
 double element_bytes(c10::IntArrayRef sizes, double item_size) {
@@ -164,14 +167,21 @@ OnChipShare take_on_chip() {
 }
 
 void note_fresh_storage(const c10::Storage& storage) {
-  if (!route_active() || queue_size() == 0) {
+  if (!route_active() || !ops_held()) {
     return;  // nothing queued (or the eager path of a queued op): not a value of a launch
   }
+  const std::lock_guard<std::mutex> guard(g_fresh_lock);
   g_fresh.emplace(storage.unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
 }
 
-bool take_fresh(const c10::StorageImpl* key) { return g_fresh.erase(key) > 0; }
+bool take_fresh(const c10::StorageImpl* key) {
+  const std::lock_guard<std::mutex> guard(g_fresh_lock);
+  return g_fresh.erase(key) > 0;
+}
 
-void forget_fresh() { g_fresh.clear(); }
+void forget_fresh() {
+  const std::lock_guard<std::mutex> guard(g_fresh_lock);
+  g_fresh.clear();
+}
 
 }  // namespace neuron

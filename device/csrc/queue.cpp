@@ -487,6 +487,8 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
 
 int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
 
+bool ops_held() { return g_held.load(); }
+
 int64_t queued_ops(c10::DeviceIndex device) {
   int64_t n = 0;
   for (const Entry& e : g_queue.entries) {
