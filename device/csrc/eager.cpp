@@ -132,6 +132,8 @@ std::vector<int64_t> swap01(c10::IntArrayRef s) {  // torch's t(shape): channels
   return v;
 }
 
+// The ops the Tensor Engine runs (op_flops counts their FLOPs): Note [On-chip intermediates]
+// streams no value into them, as they read each operand once per output tile.
 const std::unordered_set<std::string> kTensorEngineOps = {
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_scaled_mm_v2",
     "aten::_grouped_mm", "aten::_scaled_grouped_mm", "aten::convolution", "aten::convolution_backward"};
