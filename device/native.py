@@ -58,6 +58,7 @@ FusedLaunch = _C.FusedLaunch
 set_launch_log = _C.set_launch_log
 take_launch_log = _C.take_launch_log
 set_op_log = _C.set_op_log
+covered_third_party_composites = _C.covered_third_party_composites
 take_op_log = _C.take_op_log
 queued_ops = _C.queued_ops
 last_fused_launch = _C.last_fused_launch

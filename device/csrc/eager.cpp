@@ -761,6 +761,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // step), waits for nothing, and is no sync point.
     sync_before_host_access();
   }
+  cover_third_party_composites();  // Note [Third-party composite ops]: weights moving to the device
   const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
   std::optional<Range> range;
   if (profiling() && !(within_device && in_fused_launch())) {
@@ -815,6 +816,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 }
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  cover_third_party_composites();  // a library loaded since: before its ops meet neuron tensors
   if (route_op(op, stack)) {  // the adaptive engine took it (Note [Deferred launches])
     return;
   }
@@ -920,6 +922,8 @@ void register_cpu_kernels_whole(torch::Library& aten) {
 
 }  // namespace
 
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { fallback(op, stack); }
+
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_before_eager();
   const RouteBypass bypass;
@@ -1016,6 +1020,7 @@ void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std
   g_libraries.push_back(std::move(aten));
   g_libraries.push_back(std::move(all));
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&fused_sdp_choice);
+  watch_third_party_composites();
   // copy_ hands a conj/neg source to _copy_from, which the Conjugate and Negative fallbacks
   // would resolve first, by a clone whose copy_ reaches _copy_from again: endless recursion.
   // copy_from reads the bits itself (its host aliases carry them, Note [Host aliases]).

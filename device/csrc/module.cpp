@@ -112,6 +112,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_spend_overhead", &neuron::set_spend_overhead);
   m.def("set_launch_log", &neuron::set_launch_log, "on: record each launch's (device, ops); clears the log");
   m.def("take_launch_log", &neuron::take_launch_log, "the launches recorded since the last take, in order");
+  m.def("covered_third_party_composites", &neuron::covered_third_party_composites,
+        "the third-party C++ composite ops neuron runs on the CPU's kernels (Note [Third-party composite ops])");
   m.def("set_op_log", &neuron::set_op_log, "on: record each priced op's (name, roofline us); clears the log");
   m.def("take_op_log", &neuron::take_op_log, "the ops recorded since the last take, in order");
   // `with FusedLaunch(d):` the launches this thread makes are one launch (a compiled graph's)

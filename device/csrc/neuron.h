@@ -215,6 +215,14 @@ bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops 
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
 // The op on the eager path now, whatever the route (after the queue has run).
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The kernel of every op neuron runs on the CPU's kernels: offered to the engine's route, else
+// run on host aliases now.
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// composites.cpp, Note [Third-party composite ops]: start watching for them (at install); cover
+// the ones defined since the last look (cheap when none: an atomic read); the names covered.
+void watch_third_party_composites();
+void cover_third_party_composites();
+std::vector<std::string> covered_third_party_composites();
 // A CPU tensor on t's bytes that keeps them alive; a neuron tensor adopting host's bytes
 // (zero-copy, charged to device).
 at::Tensor owning_host_alias(const at::Tensor& t);
