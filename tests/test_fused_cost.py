@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import adaptive_eager
+from device import native
 from device.profiles import PROFILES
 from dispatch import CONTEXT
 
@@ -27,18 +28,27 @@ def _vector(elements: float, dtype=torch.float32) -> float:
     return elements * _cost().us_per_vector_element(dtype)
 
 
+def _last_of_steps(mode: str, step):
+    """(stats, op log) of the last of STEPS runs of step()."""
+    with adaptive_eager.mode(mode):
+        for k in range(STEPS):
+            torch.neuron.synchronize()
+            adaptive_eager.reset_stats()
+            native.set_op_log(k == STEPS - 1)
+            out = step()
+            torch.neuron.synchronize()
+            s = adaptive_eager.stats()
+            del out
+    ops = native.take_op_log()
+    native.set_op_log(False)
+    return s, ops
+
+
 def _step_us(mode: str, body, x):
     """(launches, op µs) of the last of STEPS runs of body(x) and a tick: the device time
     without the launch overhead or the tick's."""
     tick = torch.zeros(1, device="neuron")
-    with adaptive_eager.mode(mode):
-        for _ in range(STEPS):
-            torch.neuron.synchronize()
-            adaptive_eager.reset_stats()
-            out = _step(body, x, tick)
-            torch.neuron.synchronize()
-            s = adaptive_eager.stats()
-            del out
+    s, _ = _last_of_steps(mode, lambda: _step(body, x, tick))
     return s.launches, s.device_time_us - s.launch_overhead_us - _hbm(8)
 
 
@@ -85,14 +95,7 @@ def test_the_last_ops_inputs_count_as_held_by_the_program():
     # Without the tick, relu is the launch's last op: called with add's result, which the
     # program holds at issue (an argument of that call), so add writes it to HBM.
     x = torch.randn(N, device="neuron")
-    with adaptive_eager.mode("adaptive"):
-        for _ in range(STEPS):
-            torch.neuron.synchronize()
-            adaptive_eager.reset_stats()
-            out = _chain(x)
-            torch.neuron.synchronize()
-            s = adaptive_eager.stats()
-            del out
+    s, _ = _last_of_steps("adaptive", lambda: _chain(x))
     assert s.launches == 1
     expected = max(_hbm(4 * N), _vector(N)) + _vector(N) + 2 * _hbm(4 * N)
     assert s.device_time_us - s.launch_overhead_us == pytest.approx(expected)
@@ -151,19 +154,9 @@ def test_the_vector_engine_is_widest_for_the_dtypes_its_guide_names():
 
 
 def test_the_op_log_says_where_a_fused_launchs_time_goes():
-    from device import native
     x = torch.randn(N, device="neuron")
     tick = torch.zeros(1, device="neuron")
-    with adaptive_eager.mode("adaptive"):
-        for step in range(STEPS):
-            torch.neuron.synchronize()
-            adaptive_eager.reset_stats()
-            native.set_op_log(step == STEPS - 1)
-            _step(_chain, x, tick)
-            torch.neuron.synchronize()
-            s = adaptive_eager.stats()
-    ops = native.take_op_log()
-    native.set_op_log(False)
+    s, ops = _last_of_steps("adaptive", lambda: _step(_chain, x, tick))
     assert s.launches == 1
     assert [name for name, _ in ops] == ["aten::mul", "aten::add", "aten::mul", "aten::relu", "aten::add_"]
     assert ops[1][1] == pytest.approx(_vector(N))  # on chip: the Vector Engine's time alone

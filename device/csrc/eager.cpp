@@ -243,6 +243,16 @@ double roofline_us(double flops, double nbytes, double elements, at::ScalarType 
   return compute_us > memory_us ? compute_us : memory_us;
 }
 
+// One op on d's clock at its roofline, less its share of a fused launch's on-chip work (Note
+// [On-chip intermediates] in device/cost.py), and in the op log; its time, as launch() gives it.
+double launch_op(DeviceIndex d, const std::string& name, double flops, double nbytes, double elements,
+                 at::ScalarType dtype) {
+  const OnChipShare on_chip = take_on_chip();
+  const double op_us = roofline_us(flops, std::max(0.0, nbytes - on_chip.bytes), on_chip.folded ? 0 : elements, dtype);
+  log_op(name, op_us);
+  return launch(d, op_us, 1);
+}
+
 // -- Note [Host aliases] ------------------------------------------------------------------
 // A tensor with `like`'s dtype, geometry and math bits, on `storage`, for `key`'s backend.
 at::Tensor tensor_like_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
@@ -649,12 +659,8 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = call.result_from_host(std::move(v), result_device, &out_bytes, &out_elements);
   }
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
-  const OnChipShare on_chip = take_on_chip();
-  const double hbm_bytes = std::max(0.0, call.in_bytes + out_bytes - on_chip.bytes);
-  const double op_us = roofline_us(flops, hbm_bytes, on_chip.folded ? 0 : std::max(call.in_elements, out_elements),
-                                   call.dtype.value_or(at::kFloat));
-  log_op(name.name, op_us);
-  const double us = launch(d, op_us, 1);
+  const double us = launch_op(d, name.name, flops, call.in_bytes + out_bytes, std::max(call.in_elements, out_elements),
+                             call.dtype.value_or(at::kFloat));
   if (range) {
     mark_device_time(us, "ops", 1, d);
   }
@@ -775,13 +781,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   dst_host.copy_(src_host, non_blocking);
   const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
   if (within_device) {  // reads the source, writes the destination (a cast's two differ)
+    static const std::string kCopy = "aten::copy_";
     const double moved = nbytes + static_cast<double>(self.numel()) * self.element_size();
-    const OnChipShare on_chip = take_on_chip();
-    const double hbm_bytes = std::max(0.0, moved - on_chip.bytes);
-    const double elements = on_chip.folded ? 0 : static_cast<double>(dst.numel());
-    const double op_us = roofline_us(0, hbm_bytes, elements, dst.scalar_type());
-    log_op("aten::copy_", op_us);
-    const double us = launch(dst.device().index(), op_us, 1);
+    const double us = launch_op(dst.device().index(), kCopy, 0, moved, static_cast<double>(dst.numel()), dst.scalar_type());
     if (range) {
       mark_device_time(us, "ops", 1, dst.device().index());
     }

@@ -5,6 +5,7 @@
 
 #include <c10/util/accumulate.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -21,6 +22,8 @@ thread_local OnChipShare t_on_chip;  // the running entry's (take_on_chip)
 // empty tensor may be made on any thread (the factories are not routed to the engine).
 std::mutex g_fresh_lock;
 std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_fresh;
+// Whether g_fresh may hold any: every queued argument asks (take_fresh), almost always of none.
+std::atomic<bool> g_any_fresh{false};
 
 double element_bytes(c10::IntArrayRef sizes, double item_size) {
   return static_cast<double>(c10::multiply_integers(sizes)) * item_size;
@@ -172,16 +175,23 @@ void note_fresh_storage(const c10::Storage& storage) {
   }
   const std::lock_guard<std::mutex> guard(g_fresh_lock);
   g_fresh.emplace(storage.unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+  g_any_fresh.store(true);
 }
 
 bool take_fresh(const c10::StorageImpl* key) {
+  if (!g_any_fresh.load()) {
+    return false;
+  }
   const std::lock_guard<std::mutex> guard(g_fresh_lock);
-  return g_fresh.erase(key) > 0;
+  const bool fresh = g_fresh.erase(key) > 0;
+  g_any_fresh.store(!g_fresh.empty());
+  return fresh;
 }
 
 void forget_fresh() {
   const std::lock_guard<std::mutex> guard(g_fresh_lock);
   g_fresh.clear();
+  g_any_fresh.store(false);
 }
 
 }  // namespace neuron
