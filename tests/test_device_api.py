@@ -338,6 +338,19 @@ def test_pinned_host_memory_comes_from_the_devices_host_allocator():
     assert all(batch.is_pinned() for (batch,) in loader)
 
 
+def test_torch_accelerator_empty_host_cache_works_once_the_device_is_in_use():
+    # It segfaulted (no host allocator registered for PrivateUse1); vLLM calls it at shutdown.
+    # In a child process: a segfault would take pytest with it.
+    r = run_json("""
+        import torch
+        x = torch.ones(3, device="neuron")
+        pinned = torch.empty(256, pin_memory=True)
+        torch.accelerator.empty_host_cache()
+        emit({"pinned": pinned.is_pinned(), "x": x.cpu().tolist()})
+    """)
+    assert r == {"pinned": True, "x": [1.0, 1.0, 1.0]}
+
+
 def test_empty_cache_frees_nothing_that_is_still_referenced():
     x = torch.empty(100, device="neuron")
     allocated = torch.neuron.memory_allocated()
