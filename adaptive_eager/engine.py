@@ -91,6 +91,14 @@ class _TraceCache(cachetools.LRUCache):
             starts.append(trace)
             starts.sort(key=len, reverse=True)  # the longest match wins
 
+    def demote(self, trace: Trace) -> None:
+        """Note [A diverging trace yields its start]: try trace after the others that start alike."""
+        for index, k in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
+            starts = index.get(k, [])
+            if len(starts) > 1 and trace in starts:
+                starts.remove(trace)
+                starts.append(trace)
+
     def popitem(self):
         key, trace = super().popitem()
         self._unindex(trace)
@@ -480,6 +488,19 @@ class AdaptiveExecutor(Executor):
         if expected.info.op is rec.func:  # the same op: say which argument differed
             differs = f"{expected.name} with {differs}" if differs else f"{expected.name} (its dataflow differed)"
         self.recent_divergences.append(f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: {differs} at {where}")
+        # Note [A diverging trace yields its start]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # Traces that start alike are tried longest first, and a match that diverges hands
+        # over to another with the same prefix (_switch_trace), but not once part of it has
+        # launched (at a sync point inside it). Two phases whose steps start alike and part
+        # after a sync (a server's prefill steps and decode steps: the same input preparation,
+        # then different token counts) then had the longer trace tried first at every step of
+        # the other phase, diverging each time, so the other phase's trace was adopted but
+        # never reached (0 hits; 40 launches per decoded token of a 2-layer Llama served by
+        # vLLM). The trace that diverged goes behind the others that start alike: the next
+        # step tries the trace the stream last followed first, and a change of phase costs
+        # one divergence instead of one per step.
+        self.cache.demote(p.trace)
         self._flush("divergence")
         self.pending = None
         self._resume_detection()

@@ -352,3 +352,45 @@ def test_a_loop_without_host_reads_starts_its_trace_at_the_forward():
     (trace,) = adaptive_eager.explain().traces
     assert trace.first_op in ("aten.t.default", "aten.addmm.default"), trace
 
+
+
+def _two_phase_step(x, buf, staged, decode: bool):
+    """One step of a server-like loop: the same input preparation in both phases (two ops,
+    then a host-to-device copy into a persistent buffer: a sync point inside the trace), then
+    different work in each phase, then a host read."""
+    y = (x - 1) * 2
+    buf.copy_(staged)
+    z = y + buf
+    z = (z.exp() * 3).tanh() if decode else (z.relu() - 5).abs().sqrt()
+    return z.sum().item()
+
+
+def test_a_phase_whose_steps_start_like_the_previous_phases_fuses_after_one_divergence():
+    """Note [A diverging trace yields its start]: the first phase's trace (longer) is tried
+    first at the second phase's steps and diverges after a sync inside it has launched its
+    prefix, where no hand-over is possible. Before the note it was tried first at every
+    step, so the second phase's trace was adopted but never matched (0 hits, every step
+    eager); now each change of phase costs one divergence."""
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        x = torch.arange(8.0).reshape(2, 4).to("neuron")
+        buf = torch.zeros(2, 4).to("neuron")
+        staged = torch.ones(2, 4)
+        reads, launches, divergences = [], [], []
+        for phase in (False, True, False, True):
+            for _ in range(8):
+                before = adaptive_eager.stats().launches
+                reads.append(_two_phase_step(x, buf, staged, decode=phase))
+                launches.append(adaptive_eager.stats().launches - before)
+            divergences.append(adaptive_eager.stats().divergences)
+        return reads, launches, divergences
+
+    eager_reads, eager_launches, _ = run("eager")
+    reads, launches, divergences = run("adaptive")
+    assert reads == eager_reads
+    # The last steps of every phase run as the two fused launches each side of the copy.
+    for phase in range(4):
+        steady = launches[phase * 8 + WARMUP:(phase + 1) * 8]
+        assert max(steady) <= 2 < min(eager_launches), (phase, launches)
+    # Phases 3 and 4 start like phases 1 and 2, whose traces are cached: one divergence each at most.
+    assert divergences[3] - divergences[1] <= 2, divergences
