@@ -83,3 +83,48 @@ def test_the_cpp_eager_path_charges_torchs_flop_count(name):
         s = adaptive_eager.stats()
     assert s.launches == 1
     assert s.device_time_us - s.launch_overhead_us == pytest.approx(compute_us, rel=1e-9)
+
+
+def _modelled_us(fn, *args):
+    with adaptive_eager.mode("eager"):
+        adaptive_eager.reset_stats()
+        fn(*args)
+        s = adaptive_eager.stats()
+    assert s.launches == 1
+    return s.device_time_us - s.launch_overhead_us
+
+
+GATHERS = {
+    "index": lambda table, rows: table[rows],
+    "index_select": lambda table, rows: table.index_select(0, rows),
+    "embedding": lambda table, rows: torch.nn.functional.embedding(rows, table),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERS))
+def test_a_gather_is_priced_by_the_rows_it_reads_not_the_whole_table(name):
+    # Note [Gathers and scatters] (device/csrc/touched.cpp): a paged KV cache's gather read
+    # the whole cache, per layer and token, in the model.
+    rows = torch.tensor([3, 0, 7, 7, 1, 5, 2, 6]).to("neuron")
+    small, large = torch.randn(8, 256).to("neuron"), torch.randn(4096, 256).to("neuron")
+    assert _modelled_us(GATHERS[name], large, rows) == pytest.approx(_modelled_us(GATHERS[name], small, rows), rel=1e-12)
+
+
+SCATTERS = {
+    "index_copy_": lambda cache, rows, src: cache.index_copy_(0, rows, src),
+    "index_add_": lambda cache, rows, src: cache.index_add_(0, rows, src),
+    "scatter_": lambda cache, rows, src: cache.scatter_(0, rows[:, None].expand(-1, 256), src),
+    "scatter_add_": lambda cache, rows, src: cache.scatter_add_(0, rows[:, None].expand(-1, 256), src),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCATTERS))
+def test_an_in_place_scatter_is_priced_by_the_rows_it_writes_not_the_whole_tensor(name):
+    rows = torch.tensor([3, 0, 7, 4, 1, 5, 2, 6]).to("neuron")
+    src = torch.randn(8, 256).to("neuron")
+    small, large = torch.zeros(8, 256).to("neuron"), torch.zeros(4096, 256).to("neuron")
+    assert (_modelled_us(SCATTERS[name], large, rows, src)
+            == pytest.approx(_modelled_us(SCATTERS[name], small, rows, src), rel=1e-12))
+    # what it writes lands where the CPU puts it
+    expected = SCATTERS[name](torch.zeros(4096, 256), rows.cpu(), src.cpu())
+    assert torch.equal(large.cpu(), expected)

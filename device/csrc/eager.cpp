@@ -659,8 +659,10 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = call.result_from_host(std::move(v), result_device, &out_bytes, &out_elements);
   }
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
-  const double us = launch_op(d, name.name, flops, call.in_bytes + out_bytes, std::max(call.in_elements, out_elements),
-                             call.dtype.value_or(at::kFloat));
+  OpTraffic traffic{call.in_bytes, call.in_elements, out_bytes, out_elements};
+  count_touched_bytes(name, call.aliases, &traffic);  // Note [Gathers and scatters] (touched.cpp)
+  const double us = launch_op(d, name.name, flops, traffic.in_bytes + traffic.out_bytes,
+                             std::max(traffic.in_elements, traffic.out_elements), call.dtype.value_or(at::kFloat));
   if (range) {
     mark_device_time(us, "ops", 1, d);
   }

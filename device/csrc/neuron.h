@@ -91,6 +91,17 @@ bool bytes_shared(const c10::Storage& storage);
 const void* bytes_key(const c10::Storage& s);
 bool same_bytes(const c10::Storage& a, const c10::Storage& b);
 
+// touched.cpp, Note [Gathers and scatters]: what an op moves, as the eager path counts it from
+// its tensors; count_touched_bytes makes the indexed tensor of a gather or in-place scatter
+// count only the part the op touches.
+struct OpTraffic {
+  double in_bytes = 0;
+  double in_elements = 0;
+  double out_bytes = 0;
+  double out_elements = 0;
+};
+void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, OpTraffic* traffic);
+
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);
