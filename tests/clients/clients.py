@@ -17,11 +17,12 @@ import torch
 import adaptive_eager
 
 
-def require(module: str):
+def require(module: str, extra: str = "clients"):
     """The client module, or a skip naming the extra (a failure when CI requires clients)."""
     if os.environ.get("ADAPTIVE_EAGER_REQUIRE_CLIENTS") == "1":
         return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"{module} is a real-client extra: pip install -e \".[clients]\"")
+    return pytest.importorskip(module, reason=f"{module} is a real-client extra: pip install -e \".[{extra}]\" "
+                                              "(README: Serving with vLLM, for the vllm extra)")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,94 @@
+"""One vLLM run in its own process, for tests/clients/test_vllm.py and bench/vllm_decode.py.
+
+vLLM picks its platform once per process (at the first `vllm.platforms.current_platform`),
+from VLLM_TARGET_DEVICE, and the engine's mode is read at import (NEURON_ADAPTIVE_EAGER), so
+each platform and mode is a process: `python vllm_child.py '<spec as JSON>'` prints one line,
+RESULT_MARKER then the result as JSON. Also `write_tiny_llama(path)`: the checkpoint, random
+weights and a word-level tokenizer (`w3` ... `w511`), written locally (nothing downloaded).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+RESULT_MARKER = "@@VLLM_RESULT@@"
+VOCAB = 512
+
+
+def write_tiny_llama(path: str) -> str:
+    """A 2-layer Llama with grouped-query attention (2 query heads, 1 KV head, head_dim 64)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(path)
+    # Special tokens are matched in the raw text before words are split: none may be a word's
+    # prefix (an eos token "w2" made "w255" two tokens).
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
+                                         eos_token="</s>").save_pretrained(path)
+    return path
+
+
+def _engine_counts():
+    import torch
+
+    import adaptive_eager
+
+    torch.neuron.synchronize()
+    s = adaptive_eager.stats()
+    return s.launches, s.device_time_us
+
+
+def run(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=256, max_num_seqs=8, seed=0,
+              kv_cache_memory_bytes=16 << 20)
+    prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
+    n = spec["max_tokens"]
+
+    def generate(params):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    result = {"platform": type(current_platform).__name__, "greedy": generate(greedy)}
+    sampled = [SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=seed, max_tokens=n, ignore_eos=True)
+               for seed in spec.get("seeds", ())]
+    if sampled:
+        result["sampled"] = [generate(p) for p in sampled]
+        result["sampled_again"] = [generate(p) for p in sampled]
+    if current_platform.device_type == "neuron":
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        result["parameter_devices"] = sorted({p.device.type for p in runner.model.parameters()})
+        result["kv_cache_devices"] = sorted({t.device.type for t in runner.kv_caches})
+        result["attention_backends"] = sorted({type(layer.impl).__name__
+                                               for layer in runner.model.modules() if hasattr(layer, "impl")})
+        # Decode cost: a prefill-only call, then the same prompts with `decode` more tokens;
+        # the difference is the decode steps' (each step is one token for every request).
+        decode = spec.get("decode", 0)
+        if decode:
+            generate(SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True))  # warm-up
+            l0, t0 = _engine_counts()
+            generate(SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+            l1, t1 = _engine_counts()
+            generate(SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True))
+            l2, t2 = _engine_counts()
+            result["prefill_launches"] = l1 - l0
+            result["decode_launches_per_step"] = (l2 - l1 - (l1 - l0)) / decode
+            result["decode_device_us_per_step"] = (t2 - t1 - (t1 - t0)) / decode
+    return result
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    out = run(spec)
+    print(RESULT_MARKER + json.dumps(out), flush=True)
