@@ -19,7 +19,7 @@ not the exact length: decode steps then repeat the same shapes for many tokens, 
 adaptive engine replays one cached launch for them instead of meeting a new shape each
 token; positions past a request's length are masked out. This is how Neuron's serving
 stack works too (NxD Inference compiles one graph per sequence-length bucket). The price:
-up to twice the attention reads a exact-length kernel would make, for the longest request.
+up to twice the attention reads an exact-length kernel would make, for the longest request.
 
 Queries are packed ([tokens, heads, head_size], requests one after another); attention
 wants [requests, heads, query_len, head_size]. With one query per request (decode) that is
