@@ -16,41 +16,49 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 namespace neuron {
 namespace {
 
 double bytes_of(const at::Tensor& t) { return static_cast<double>(t.numel()) * t.element_size(); }
 
-bool is_gather(const std::string& n) {
-  return n == "aten::index" || n == "aten::index_select" || n == "aten::embedding" || n == "aten::gather" ||
-         n == "aten::take";
-}
+// How an op touches its first argument, the indexed tensor. A scatter's touched rows are its
+// source's (index_copy_/index_add_(self, dim, index, source)) or one per index entry
+// (scatter_*(self, dim, index, src/value)); an accumulating one reads them too.
+enum class Indexing { kGather, kWriteSourceRows, kAddSourceRows, kWriteIndexed, kAddIndexed };
+
+const std::unordered_map<std::string, Indexing> kIndexing = {
+    {"aten::index", Indexing::kGather},           {"aten::index_select", Indexing::kGather},
+    {"aten::embedding", Indexing::kGather},       {"aten::gather", Indexing::kGather},
+    {"aten::take", Indexing::kGather},            {"aten::index_copy_", Indexing::kWriteSourceRows},
+    {"aten::index_add_", Indexing::kAddSourceRows}, {"aten::scatter_", Indexing::kWriteIndexed},
+    {"aten::scatter_add_", Indexing::kAddIndexed}, {"aten::scatter_reduce_", Indexing::kAddIndexed},
+};
 
 }  // namespace
 
 void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, OpTraffic* traffic) {
-  const std::string& n = op.name;
-  if (inputs.empty()) {
+  const auto found = kIndexing.find(op.name);  // one lookup per op: most ops stop here
+  if (found == kIndexing.end() || inputs.empty()) {
     return;
   }
-  const at::Tensor& self = inputs.front();  // the indexed tensor is the first argument of each
-  if (is_gather(n)) {
+  Indexing kind = found->second;
+  if (kind == Indexing::kWriteIndexed && (op.overload_name == "reduce" || op.overload_name == "value_reduce")) {
+    kind = Indexing::kAddIndexed;  // scatter_(..., reduce=...) accumulates
+  }
+  const at::Tensor& self = inputs.front();
+  if (kind == Indexing::kGather) {
     // Counted once, as an input: what is read of it is what the output holds.
     traffic->in_bytes -= bytes_of(self) - std::min(bytes_of(self), traffic->out_bytes);
     traffic->in_elements -= static_cast<double>(self.numel()) - std::min(static_cast<double>(self.numel()), traffic->out_elements);
     return;
   }
-  const bool copies = n == "aten::index_copy_" || (n == "aten::scatter_" && op.overload_name != "reduce" &&
-                                                   op.overload_name != "value_reduce");
-  const bool accumulates = n == "aten::index_add_" || n == "aten::scatter_add_" || n == "aten::scatter_reduce_" ||
-                           (n == "aten::scatter_" && !copies);
-  if (!(copies || accumulates) || inputs.size() < 2) {
+  if (inputs.size() < 2) {
     return;
   }
-  // index_copy_/index_add_(self, dim, index, source): the source's rows; scatter_*(self, dim,
-  // index, src/value): one element per index entry.
-  const bool by_source = n == "aten::index_copy_" || n == "aten::index_add_";
+  const bool by_source = kind == Indexing::kWriteSourceRows || kind == Indexing::kAddSourceRows;
+  const bool accumulates = kind == Indexing::kAddSourceRows || kind == Indexing::kAddIndexed;
   const at::Tensor& touched_by = by_source ? inputs.back() : inputs[1];
   const double elements = std::min(static_cast<double>(touched_by.numel()), static_cast<double>(self.numel()));
   const double touched = elements * self.element_size();
