@@ -10,26 +10,19 @@ extra (README, "Serving with vLLM").
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 CLIENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "clients")
 sys.path.insert(0, CLIENTS)
-from vllm_child import RESULT_MARKER, write_tiny_llama  # noqa: E402
+from vllm_child import run_child, write_tiny_llama  # noqa: E402
 
 
 def _run(spec: dict, adaptive: bool) -> dict:
     env = {**os.environ, "VLLM_TARGET_DEVICE": "neuron", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "NEURON_ADAPTIVE_EAGER": "1" if adaptive else "0", "VLLM_NO_USAGE_STATS": "1"}
-    proc = subprocess.run([sys.executable, os.path.join(CLIENTS, "vllm_child.py"), json.dumps(spec)],
-                          env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER):])
-    sys.exit(f"the vLLM run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return run_child(spec, env)
 
 
 def main() -> None:

@@ -24,9 +24,8 @@ from clients import require
 vllm = require("vllm", extra="vllm")
 transformers = require("transformers", extra="vllm")
 
-from vllm_child import RESULT_MARKER, write_tiny_llama  # noqa: E402
+from vllm_child import run_child, write_tiny_llama  # noqa: E402
 
-CHILD = os.path.join(os.path.dirname(__file__), "vllm_child.py")
 MAX_TOKENS = 12
 DECODE_STEPS = 16
 # Prompts of different lengths; the 40-token one spans two KV-cache blocks of 32.
@@ -51,16 +50,6 @@ def _env(device: str | None, mode: str = "1") -> dict:
     return env
 
 
-def _run_child(spec: dict, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, CHILD, json.dumps(spec)], env=env, capture_output=True, text=True,
-                          timeout=900)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            return json.loads(line[len(RESULT_MARKER):])
-    raise AssertionError(f"the vLLM child gave no result (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return write_tiny_llama(str(tmp_path_factory.mktemp("tiny_llama")))
@@ -71,9 +60,9 @@ def runs(checkpoint):
     spec = {"model": checkpoint, "prompts": _prompts(), "max_tokens": MAX_TOKENS}
     neuron = {"seeds": SEEDS, "decode": DECODE_STEPS}
     return {
-        "adaptive": _run_child({**spec, **neuron}, _env("neuron", "1")),
-        "eager": _run_child({**spec, **neuron}, _env("neuron", "0")),
-        "vllm_cpu": _run_child(spec, _env(None)),
+        "adaptive": run_child({**spec, **neuron}, _env("neuron", "1")),
+        "eager": run_child({**spec, **neuron}, _env("neuron", "0")),
+        "vllm_cpu": run_child(spec, _env(None)),
     }
 
 

@@ -9,6 +9,8 @@ weights and a word-level tokenizer (`w3` ... `w511`), written locally (nothing d
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 RESULT_MARKER = "@@VLLM_RESULT@@"
@@ -86,6 +88,17 @@ def run(spec: dict) -> dict:
             result["decode_launches_per_step"] = (l2 - l1 - (l1 - l0)) / decode
             result["decode_device_us_per_step"] = (t2 - t1 - (t1 - t0)) / decode
     return result
+
+
+def run_child(spec: dict, env: dict) -> dict:
+    """run(spec) in a new process with env: its result, or an AssertionError with its stderr."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(spec)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            return json.loads(line[len(RESULT_MARKER):])
+    raise AssertionError(f"the vLLM child gave no result (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
 
 
 if __name__ == "__main__":
