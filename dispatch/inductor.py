@@ -35,9 +35,7 @@ def lazy_codegen_attribute(name: str):
     _register_device_interface()
     _schedule_as_cpu()
     if name == "Scheduling":
-        from torch._inductor.codegen.cpp import CppScheduling
-
-        return CppScheduling
+        return _scheduling()
     if name == "CppWrapperCodegen":
         from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
@@ -109,6 +107,46 @@ def _register_device_interface() -> None:
             return torch.neuron.device_count()
 
     register_interface_for_device("neuron", NeuronInterface)
+
+
+_scheduling_class = None
+
+
+def _scheduling():
+    """Inductor's CPU scheduling, generating its kernels as for a CPU device.
+
+    Note [Inductor's backend for neuron]: while it generates a kernel, inductor asks which
+    code generator serves the current device (torch/_inductor/utils.py get_current_backend),
+    and answers `config.cuda_backend` ("triton") for every device it does not know. Neuron's
+    kernels are C++ (CppScheduling), and Triton's answers were wrong for them: the dtype that
+    inductor fills in for a C++ operation that sets none of its own is filled in for "cpp"
+    only (codegen/common.py, CSEProxy._default), so an indexed load feeding a reduction (an
+    embedding fused with a layer norm) had none and failed cpp.py's indirect_assert; and dtype
+    propagation took bf16 and fp16 loads as float32, Triton's upcast. Each entry point the
+    scheduler calls runs with `cuda_backend` set to "cpp" (what `cpu_backend` is for the CPU):
+    neuron's code is generated as the CPU's is, and nothing outside these calls sees it."""
+    global _scheduling_class
+    if _scheduling_class is None:
+        import functools
+
+        import torch._inductor.config as inductor_config
+        from torch._inductor.codegen.cpp import CppScheduling
+
+        def as_cpu_backend(method):
+            @functools.wraps(method)
+            def generate(self, *args, **kwargs):
+                with inductor_config.patch(cuda_backend="cpp"):
+                    return method(self, *args, **kwargs)
+            return generate
+
+        class NeuronCppScheduling(CppScheduling):
+            codegen_node = as_cpu_backend(CppScheduling.codegen_node)
+            codegen_template = as_cpu_backend(CppScheduling.codegen_template)
+            codegen_sync = as_cpu_backend(CppScheduling.codegen_sync)
+            flush = as_cpu_backend(CppScheduling.flush)
+
+        _scheduling_class = NeuronCppScheduling
+    return _scheduling_class
 
 
 _wrapper_class = None

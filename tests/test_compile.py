@@ -341,6 +341,29 @@ def test_inductor_on_neuron_inputs_returns_neuron_tensors_with_eagers_values(mod
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
+def _embed_and_normalize(ids, positions, tokens, places):
+    """GPT-2's first lines: two embedding lookups added, then a layer norm. Inductor fuses the
+    indexed loads into the norm's reduction (the kernel that failed on neuron before Note
+    [Inductor's backend for neuron])."""
+    x = nn.functional.embedding(ids, tokens) + nn.functional.embedding(positions, places)
+    return nn.functional.layer_norm(x, (x.shape[-1],))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inductor_fuses_indexed_loads_into_a_reduction_on_neuron(dtype):
+    """Values within torch.compile's tolerance of the CPU's compiled ones, not its bits: some
+    of inductor's lowerings choose by device (a small variance is two passes on the CPU,
+    Welford's on any other device)."""
+    torch.manual_seed(0)
+    args = (torch.randint(0, 64, (2, 1)), torch.tensor([[5]]), torch.randn(64, 32, dtype=dtype),
+            torch.randn(64, 32, dtype=dtype))
+    on_cpu = torch.compile(_embed_and_normalize)(*args)
+    torch._dynamo.reset()
+    on_neuron = torch.compile(_embed_and_normalize)(*(a.to("neuron") for a in args))
+    assert is_neuron_tensor(on_neuron)
+    torch.testing.assert_close(on_neuron.cpu(), on_cpu)
+
+
 @pytest.fixture
 def structured_trace_on():
     """What pytest 9.2's logging plugin does to every non-propagating logger: a handler on

