@@ -170,8 +170,14 @@ def _attention_dropout_cost(q, k, v, attn_mask, dropout_p, is_causal, scale, ena
 
 
 def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    out = _math(query, key, value, additive_mask(attn_mask, query.dtype), is_causal, scale, enable_gqa)
-    return out, torch.empty_like(torch.default_generator.get_state(), device=query.device)
+    # The kernel's own computation, dropout included: the math path lays its output out
+    # differently with dropout than without (a compiled graph asserts the strides).
+    out = _math_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    # The state's size from a real one, the tensor made from the inputs: under torch.compile's
+    # fake mode, `empty_like` of the real state tensor is refused ("convert all Tensors to
+    # FakeTensors first"), which broke compiling any model with attention dropout in training.
+    state_bytes = torch.default_generator.get_state().numel()
+    return out, query.new_empty((state_bytes,), dtype=torch.uint8)
 
 
 @custom_kernel("neuron::attention_dropout", cost=_attention_dropout_cost, fake=_attention_dropout_fake, random=True)
@@ -188,8 +194,17 @@ def _attention_dropout_backward_cost(grad, q, k, v, attn_mask, rng_state, dropou
     return {"flops": 5 * _score_flops(q, k), "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + mask_bytes}
 
 
-def _attention_dropout_backward_fake(grad, query, key, value, *_):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+def _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return tuple(_vjp(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
+                      (query, key, value), grad, (True, True, True)))
+
+
+def _attention_dropout_backward_fake(grad, query, key, value, attn_mask, rng_state, dropout_p, is_causal, scale,
+                                     enable_gqa):
+    # The kernel's own computation on fake tensors, for its gradients' strides (those of the
+    # math path's backward, not the inputs': a compiled graph asserts them), without the
+    # generator: fake dropout draws nothing.
+    return _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 @custom_kernel("neuron::attention_dropout_backward", cost=_attention_dropout_backward_cost,
@@ -200,9 +215,7 @@ def attention_dropout_backward(grad: Tensor, query: Tensor, key: Tensor, value: 
     forward_rng = torch.Generator()
     forward_rng.set_state(rng_state)  # the forward's dropout mask again; no real generator advances
     with DefaultGeneratorLent(forward_rng):
-        dq, dk, dv = _vjp(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
-                          (query, key, value), grad, (True, True, True))
-    return dq, dk, dv
+        return _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _attention_dropout_setup(ctx, inputs, output):

@@ -364,6 +364,33 @@ def test_inductor_fuses_indexed_loads_into_a_reduction_on_neuron(dtype):
     torch.testing.assert_close(on_neuron.cpu(), on_cpu)
 
 
+def _attention_with_dropout(x, proj, dropout_p=0.25):
+    """GPT-2's attention in training: heads split by a view and a transpose (non-contiguous
+    queries), dropout inside SDPA."""
+    q, k, v = (x @ proj).view(2, 7, 3, 2, 16).permute(2, 0, 3, 1, 4)  # [3, batch, heads, tokens, 16]
+    return nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+
+
+def test_attention_with_dropout_compiles_for_training_and_draws_eagers_mask():
+    """neuron::attention_dropout's fake kernels (builtin_kernels.py): the generator state it
+    returns made from the inputs (fake mode refuses one made from the real state), and its
+    gradients laid out as the math path's backward lays them, which the graph asserts."""
+    x = torch.randn(2, 7, 32, device="neuron")
+    grads = []
+    for run in (_attention_with_dropout, torch.compile(_attention_with_dropout)):
+        proj = torch.randn(32, 96, generator=torch.Generator().manual_seed(1)).to("neuron").requires_grad_()
+        torch.manual_seed(3)  # the device generator: the same dropout mask in both runs
+        out = run(x, proj)
+        out.sum().backward()
+        grads.append((out.detach().cpu(), proj.grad.cpu()))
+    (eager_out, eager_grad), (compiled_out, compiled_grad) = grads
+    with torch.no_grad():
+        undropped = _attention_with_dropout(x, proj, dropout_p=0.0).cpu()
+    assert not torch.allclose(eager_out, undropped), "dropout dropped nothing: the mask is not compared"
+    torch.testing.assert_close(compiled_out, eager_out)
+    torch.testing.assert_close(compiled_grad, eager_grad)
+
+
 @pytest.fixture
 def structured_trace_on():
     """What pytest 9.2's logging plugin does to every non-propagating logger: a handler on
