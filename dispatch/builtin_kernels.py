@@ -170,8 +170,8 @@ def _attention_dropout_cost(q, k, v, attn_mask, dropout_p, is_causal, scale, ena
 
 
 def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    # The kernel's own computation, dropout included: the math path lays its output out
-    # differently with dropout than without (a compiled graph asserts the strides).
+    # The kernel's own computation, dropout included: its output's layout is the kernel's
+    # by construction (a compiled graph asserts it).
     out = _math_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     # The state's size from a real one, the tensor made from the inputs: under torch.compile's
     # fake mode, `empty_like` of the real state tensor is refused ("convert all Tensors to
