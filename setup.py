@@ -11,7 +11,11 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 setup(
+    # -g0: Python's own CFLAGS ask for debug info (-g), which for translation units that
+    # include torch's headers doubled the compile time (eager.cpp: 47 s with, 24 s without,
+    # on a 2-core machine) and made objects twenty times larger; symbol names for backtraces
+    # stay. The last -O wins over CFLAGS' -O3.
     ext_modules=[CppExtension("device._C", sorted(glob.glob("device/csrc/*.cpp")),
-                              depends=sorted(glob.glob("device/csrc/*.h")), extra_compile_args=["-O2"])],
+                              depends=sorted(glob.glob("device/csrc/*.h")), extra_compile_args=["-O2", "-g0"])],
     cmdclass={"build_ext": BuildExtension},
 )
