@@ -7,10 +7,10 @@ its platform once per process.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import socket
-import importlib.metadata
 import subprocess
 import sys
 import sysconfig
