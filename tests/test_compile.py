@@ -391,6 +391,26 @@ def test_attention_with_dropout_compiles_for_training_and_draws_eagers_mask():
     torch.testing.assert_close(compiled_grad, eager_grad)
 
 
+def _attention_with_learned_bias(q, bias):
+    """T5's attention: the mask is a position bias that is trained, so it needs a gradient."""
+    return nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=bias, scale=1.0)
+
+
+def test_attention_whose_mask_needs_a_gradient_compiles_on_neuron():
+    """SDPA's C++ body asks the device's kernel choice of the fake tensors tracing makes: the
+    choice reads their metadata only (it aliased their bytes, which fakes do not have)."""
+    q = torch.randn(2, 4, 7, 8, generator=torch.Generator().manual_seed(0)).to("neuron")
+    results = []
+    for run in (_attention_with_learned_bias, torch.compile(_attention_with_learned_bias)):
+        bias = torch.randn(1, 4, 7, 7, generator=torch.Generator().manual_seed(1)).to("neuron").requires_grad_()
+        out = run(q, bias)
+        out.square().sum().backward()
+        results.append((out.detach().cpu(), bias.grad.cpu()))
+    (eager_out, eager_grad), (compiled_out, compiled_grad) = results
+    torch.testing.assert_close(compiled_out, eager_out)
+    torch.testing.assert_close(compiled_grad, eager_grad)
+
+
 @pytest.fixture
 def structured_trace_on():
     """What pytest 9.2's logging plugin does to every non-propagating logger: a handler on

@@ -845,25 +845,35 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 // scaled_dot_product_attention asks this stub which kernel to take; unset for PrivateUse1 it
 // takes the math decomposition, where CPU takes _scaled_dot_product_flash_attention_for_cpu:
-// other bits. Asking CPU's choice on the host aliases takes CPU's kernel, run by the fallback.
+// other bits. Asking CPU's stub takes CPU's kernel, run by the fallback.
+//
+// The choice reads metadata only (sizes, strides, dtype, requires_grad), so CPU's stub gets
+// shadows on storages without bytes, never host aliases: aliasing a deferred value would sync
+// (cutting an adaptive trace at every attention whose mask needs a gradient), and a fake tensor
+// (torch.compile tracing T5's position bias) has no bytes to alias at all. The CPU kernel is
+// reached by redispatch, past the Python keys: an active fake mode would take the CPU shadows.
+at::Tensor host_shadow(const at::Tensor& t) {
+  // Sized from the geometry: a wrapper subclass (DTensor's local view, functionalization's
+  // wrapper) may have no storage to ask.
+  const size_t nbytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.dtype().itemsize(),
+                                                         t.storage_offset());
+  c10::Storage no_bytes(c10::Storage::use_byte_size_t(), nbytes,
+                        c10::DataPtr(nullptr, c10::Device(c10::kCPU)), /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor shadow = tensor_like_on(std::move(no_bytes), c10::DispatchKey::CPU, t);
+  if (t.requires_grad()) {  // a mask that needs a gradient rules out flash
+    shadow.set_requires_grad(true);
+  }
+  return shadow;
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          c10::optional<double> scale, bool enable_gqa) {
-  // requires_grad is part of what the choice reads: a mask that needs a gradient rules out flash.
-  auto on_host = [](const at::Tensor& t) {
-    if (t.device().type() != kNeuron) {
-      return t;
-    }
-    at::Tensor alias = host_alias(t);
-    if (t.requires_grad()) {
-      alias.set_requires_grad(true);
-    }
-    return alias;
-  };
+  auto on_host = [](const at::Tensor& t) { return t.device().type() == kNeuron ? host_shadow(t) : t; };
   const c10::optional<at::Tensor> host_mask = mask.has_value() && mask->defined()
                                                  ? c10::optional<at::Tensor>(on_host(*mask)) : mask;
-  return at::_fused_sdp_choice(on_host(q), on_host(k), on_host(v), host_mask, dropout_p, is_causal, scale,
-                               enable_gqa);
+  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), on_host(q), on_host(k),
+                                                  on_host(v), host_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 std::vector<std::unique_ptr<torch::Library>> g_libraries;
