@@ -52,7 +52,7 @@ from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
                       erased_signature, generic_difference)
 from .pending import Pending, launch_error
-from .trace import Trace, build_proto, build_trace, output_slots
+from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
 
 _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
@@ -165,6 +165,8 @@ class AdaptiveExecutor(Executor):
         self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
+        # out= op signatures seen run: whether their outs kept their geometry (_op_that_may_resize)
+        self._out_keeps_geometry = cachetools.LRUCache(maxsize=4096)
         self.pending: Pending | None = None
         # The launch running on the device stream (Note [The device stream]), if any.
         self.inflight: Pending | None = None
@@ -258,9 +260,13 @@ class AdaptiveExecutor(Executor):
                     self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
                 if self.config.launch_blocking:
                     return native.RUN_EAGER
-                if info.is_host_read or info.may_resize or info.is_collective or (
+                if info.is_host_read or info.is_collective or (
                         info.has_data_dependent_shape and not info.static_shape_for(args)):
                     return self._sync_op(info, func, args, kwargs)
+                if info.may_resize:
+                    action = self._op_that_may_resize(info, func, args, kwargs)
+                    if action is not None:
+                        return action
                 out = self._fast_paths(info, func, args, kwargs)
                 if out is not _NO_MATCH:
                     return out
@@ -582,13 +588,15 @@ class AdaptiveExecutor(Executor):
             raise err
 
     # -- ops that run now -------------------------------------------------------------------
-    def _sync_op(self, info, func, args, kwargs):
+    def _sync_op(self, info, func, args, kwargs, signature=None):
+        """Run it now, a sync point; in the history as a barrier keyed by `signature` (its own
+        signature if None)."""
         self._flush(f"sync: {info.name}")
         self._note_sync()
         self._raise_error()
         if self._steady < self._pause_after:
             try:
-                signature = OpRecord.from_call(func, args, kwargs).signature
+                signature = signature or OpRecord.from_call(func, args, kwargs).signature
             except Exception:  # undescribable arguments: the op stays out of the history
                 self.detector.forget()
                 return native.RUN_EAGER
@@ -599,6 +607,39 @@ class AdaptiveExecutor(Executor):
         else:
             self.position += 1
         return native.RUN_EAGER
+
+    def _op_that_may_resize(self, info, func, args, kwargs):
+        """Note [out= ops that keep their sizes]: an op that may give a written argument new
+        sizes or storage is a sync point (what follows may not be handed out with the old
+        geometry). An out= op resizes its out only when the out's sizes are not the result's,
+        which the signature decides (every tensor's geometry, every structural value; the
+        ops whose sizes depend on data sync anyway). So each signature is run once as a sync
+        point and watched: if its outs kept their geometry, later calls with that signature
+        are recorded and deferred as an in-place op is. torch 2.13's _safe_softmax (SDPA's
+        math path, T5's attention) ends in where.self_out into its own softmax: a sync in
+        every attention before. None: go on as with any op; else what route returns."""
+        if not info.is_out:
+            return self._sync_op(info, func, args, kwargs)
+        try:
+            signature = OpRecord.from_call(func, args, kwargs).signature
+        except Exception:  # undescribable arguments: a sync point, as _sync_op makes it
+            return self._sync_op(info, func, args, kwargs)
+        keeps = self._out_keeps_geometry.get(signature)
+        if keeps:
+            return None
+        if keeps is not None:
+            return self._sync_op(info, func, args, kwargs, signature)
+        # Keyed apart from the op's signature: the detector must not take this watched run
+        # and the recorded runs after it for one op, or it fires on a period whose first
+        # copy holds a barrier, which _adopt cannot cache, and never fires on that unit again.
+        action = self._sync_op(info, func, args, kwargs, ("watched for resizes",) + signature)
+        outs = written_inputs(info, args, kwargs)
+        before = [_geometry(t) for t in outs]
+
+        def learn(_results):
+            with self._lock:
+                self._out_keeps_geometry[signature] = [_geometry(t) for t in outs] == before
+        return action, learn
 
     def _run_backing_off(self, info, args, kwargs):
         if self.inflight is not None:
@@ -869,6 +910,11 @@ def _fused_range(p: Pending):
         name = fused_range_name(trace.id, end - start)
     return profile_range(name, trace=trace.id, ops=end - start,
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    """What a resize can change: sizes, strides, offset, and the storage (its identity and size)."""
+    return tuple(t.shape), t.stride(), t.storage_offset(), native.storage_of(t)
 
 
 def _copies_of_shorter(keys: list, shortest: int) -> bool:

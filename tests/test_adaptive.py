@@ -394,3 +394,36 @@ def test_a_phase_whose_steps_start_like_the_previous_phases_fuses_after_one_dive
         assert max(steady) <= 2 < min(eager_launches), (phase, launches)
     # Phases 3 and 4 start like phases 1 and 2, whose traces are cached: one divergence each at most.
     assert divergences[3] - divergences[1] <= 2, divergences
+
+
+def _learned_bias_attention_steps(mode, steps=10):
+    """A T5-style attention trained in a loop: the mask is a position bias with a gradient,
+    so SDPA takes the host's math path, which ends in an out= op (_safe_softmax's where)."""
+    adaptive_eager.set_mode(mode)
+    g = torch.Generator().manual_seed(0)
+    bias = torch.randn(1, 2, 6, 6, generator=g).to("neuron").requires_grad_()
+    proj = torch.randn(16, 48, generator=g).to("neuron").requires_grad_()
+    x = torch.randn(3, 6, 16, generator=g).to("neuron")
+    opt = torch.optim.SGD([bias, proj], lr=0.1)
+    losses, launches = [], []
+    for _ in range(steps):
+        before = adaptive_eager.stats().launches
+        q, k, v = (x @ proj).view(3, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        loss = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+        launches.append(adaptive_eager.stats().launches - before)
+    return [l.item() for l in losses], bias.detach().cpu(), proj.detach().cpu(), launches
+
+
+def test_attention_with_a_trained_position_bias_runs_one_launch_per_step_and_matches_eager():
+    """The kernel choice reads metadata only (it read the bytes of the inputs, a sync), and
+    an out= op whose out already has the result's sizes is deferred (it was a sync): T5 ran
+    14 launches per training step, 1 now."""
+    eager = _learned_bias_attention_steps("eager")
+    adaptive = _learned_bias_attention_steps("adaptive")
+    assert eager[0] == adaptive[0]
+    assert torch.equal(eager[1], adaptive[1]) and torch.equal(eager[2], adaptive[2])
+    assert _steady(adaptive[3]) == [1] * (10 - WARMUP), adaptive[3]
