@@ -39,6 +39,8 @@ import warnings
 
 import cachetools
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_map
 
 from device import native, stream
 from device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
@@ -165,7 +167,7 @@ class AdaptiveExecutor(Executor):
         self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
-        # out= op signatures seen run: whether their outs kept their geometry (_op_that_may_resize)
+        # out= op signatures: whether their outs keep their geometry (_op_that_may_resize)
         self._out_keeps_geometry = cachetools.LRUCache(maxsize=4096)
         self.pending: Pending | None = None
         # The launch running on the device stream (Note [The device stream]), if any.
@@ -610,14 +612,18 @@ class AdaptiveExecutor(Executor):
 
     def _op_that_may_resize(self, info, func, args, kwargs):
         """Note [out= ops that keep their sizes]: an op that may give a written argument new
-        sizes or storage is a sync point (what follows may not be handed out with the old
-        geometry). An out= op resizes its out only when the out's sizes are not the result's,
-        which the signature decides (every tensor's geometry, every structural value; the
-        ops whose sizes depend on data sync anyway). So each signature is run once as a sync
-        point and watched: if its outs kept their geometry, later calls with that signature
-        are recorded and deferred as an in-place op is. torch 2.13's _safe_softmax (SDPA's
-        math path, T5's attention) ends in where.self_out into its own softmax: a sync in
-        every attention before. None: go on as with any op; else what route returns."""
+        sizes, strides or storage is a sync point (what follows must see the new geometry,
+        which a deferred op could not hand out). An out= op changes its outs only when they
+        are not what the result needs (resize_output), which the arguments' geometry decides,
+        so the signature does: each new signature is asked of the op's meta kernel, on meta
+        copies of its arguments (shapes, no data), the same shape logic torch.compile's fake
+        tensors trust; an op whose outs keep their geometry is recorded and deferred as an
+        in-place op is. An op without a meta kernel stays a sync point, and so does one whose
+        first recorded run contradicts its meta kernel (_recorded checks: meta kernels may
+        stride outs differently from CPU's, sort's does). torch 2.13's
+        _safe_softmax (SDPA's math path, T5's attention) ends in where.self_out into its own
+        softmax: a sync point in every attention before. None: go on as with any op; else
+        what route returns."""
         if not info.is_out:
             return self._sync_op(info, func, args, kwargs)
         try:
@@ -625,21 +631,9 @@ class AdaptiveExecutor(Executor):
         except Exception:  # undescribable arguments: a sync point, as _sync_op makes it
             return self._sync_op(info, func, args, kwargs)
         keeps = self._out_keeps_geometry.get(signature)
-        if keeps:
-            return None
-        if keeps is not None:
-            return self._sync_op(info, func, args, kwargs, signature)
-        # Keyed apart from the op's signature: the detector must not take this watched run
-        # and the recorded runs after it for one op, or it fires on a period whose first
-        # copy holds a barrier, which _adopt cannot cache, and never fires on that unit again.
-        action = self._sync_op(info, func, args, kwargs, ("watched for resizes",) + signature)
-        outs = written_inputs(info, args, kwargs)
-        before = [_geometry(t) for t in outs]
-
-        def learn(_results):
-            with self._lock:
-                self._out_keeps_geometry[signature] = [_geometry(t) for t in outs] == before
-        return action, learn
+        if keeps is None:
+            keeps = self._out_keeps_geometry[signature] = _outs_keep_geometry(info, func, args, kwargs)
+        return None if keeps else self._sync_op(info, func, args, kwargs, signature)
 
     def _run_backing_off(self, info, args, kwargs):
         if self.inflight is not None:
@@ -661,6 +655,14 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._resume_detection()
             try:
+                if info.is_out and not _outs_as_recorded(info, rec, kwargs):
+                    # Its meta kernel said the outs keep their geometry and the CPU kernel gave
+                    # them other strides (Note [out= ops that keep their sizes]): a sync point
+                    # from now on, and what the detector saw of it forgotten.
+                    self._out_keeps_geometry[rec.signature] = False
+                    self.history.clear()
+                    self.detector.forget()
+                    return
                 proto = self._proto(info, rec, out, args, kwargs, barrier=False)
                 producer_of = native.producer_of
                 inputs = tuple(producer_of(v) if isinstance(v, torch.Tensor) and not v.is_cpu else None
@@ -912,9 +914,39 @@ def _fused_range(p: Pending):
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
 
 
-def _geometry(t: torch.Tensor) -> tuple:
-    """What a resize can change: sizes, strides, offset, and the storage (its identity and size)."""
-    return tuple(t.shape), t.stride(), t.storage_offset(), native.storage_of(t)
+def _outs_keep_geometry(info, func, args, kwargs) -> bool:
+    """Whether the out= op leaves its outs' sizes and strides as they are: its meta kernel run
+    on meta copies of the arguments (no data, no device work); False if it has none."""
+    def on_meta(x):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") \
+            if isinstance(x, torch.Tensor) else x
+
+    meta_args, meta_kwargs = tree_map(on_meta, (args, kwargs))
+    outs = written_inputs(info, meta_args, meta_kwargs)
+    before = [(o.shape, o.stride()) for o in outs]
+    try:
+        # Outside the user's dispatch modes (a logging mode would see an op the program did not
+        # issue); torch's "an output ... was resized" warning comes from the real run, once.
+        with _disable_current_modes(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            func(*meta_args, **meta_kwargs)
+    except Exception:  # no meta kernel, or arguments the real run will refuse: run it now
+        return False
+    return [(o.shape, o.stride()) for o in outs] == before
+
+
+def _outs_as_recorded(info, rec: OpRecord, kwargs) -> bool:
+    """Whether the out= op's outs still have the geometry its signature took before it ran."""
+    keys = dict(rec.signature[2])
+    for name in info.written_kwargs:
+        if name not in kwargs:
+            continue
+        outs, key = kwargs[name], keys[name]
+        pairs = zip(outs, key) if isinstance(outs, (list, tuple)) else [(outs, key)]
+        if any(isinstance(t, torch.Tensor) and (t.shape, t.stride(), t.storage_offset()) != tuple(k[:3])
+               for t, k in pairs):
+            return False
+    return True
 
 
 def _copies_of_shorter(keys: list, shortest: int) -> bool:

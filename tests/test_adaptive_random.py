@@ -5,8 +5,8 @@ and a shrunk one): a few neuron tensors and views of them (slices, transpose, vi
 expand), then a loop whose body (3-15 statements) repeats 2-12 times, so the engine detects
 it, caches it and replays it as fused launches. The body mixes elementwise ops, reductions,
 matmuls, linalg ops and ops that return nothing (_assert_async), other dtypes, in-place
-updates (add_, mul_, copy_, index_put_, masked_fill_, out=, setitem; also through views and
-into values the loop produced), random ops (dropout,
+updates (add_, mul_, copy_, index_put_, masked_fill_, out= (into outs that the op resizes
+too), setitem; also through views and into values the loop produced), random ops (dropout,
 rand_like, bernoulli_, normal_, randperm, multinomial), lifted Python-float scalars that
 change every iteration, CPU 0-dim tensors as scalars (also mutated after use), host reads
 (item, tolist, print, bool, repr, equal, copies to the CPU), synchronize(), host-to-device
@@ -327,11 +327,16 @@ class _Gen:
             f"{target}.add_({src}, alpha=lr)", f"{target}.mul_(0.9)", f"{target}.mul_(lr)",
             f"{target}.copy_({src})", f"{target}.clamp_(-2, 2)", f"{target}.addcmul_({src}, {src}, value=lr)",
             f"{target}.sub_(cs)", f"{target}[1] = {src}[0]", f"{target}.tanh_()",
+            # out= ops (Note [out= ops that keep their sizes]): outs of the result's sizes,
+            # views among them, deferred; one that is also an input
+            f"torch.add({src}, lr, out={target})", f"torch.where({src} > 0, {target}, {src}, out={target})",
         ]
         if shape == M:
             rows = f"{src}[:2].clone()" if self.overlaps(src, target) else f"{src}[:2]"
             choices += [f"{target}.masked_fill_(mask, lr)", f"{target}.index_put_((idx,), {rows})",
-                        f"{target}.masked_fill_(mask, 0.0)", f"torch.mul({src}, lr, out={target})"]
+                        f"{target}.masked_fill_(mask, 0.0)", f"torch.mul({src}, lr, out={target})",
+                        # an out the op resizes: a sync point each time
+                        f"e = {target}.new_empty(0); torch.mul({src}, lr, out=e); {target}.add_(e)"]
         if shape == H:
             choices.append(f"{target}.masked_fill_(mask[:2], -lr)")
         return [r.choice(choices)]

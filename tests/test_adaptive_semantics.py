@@ -566,3 +566,16 @@ def test_out_ops_that_resize_their_outs_stay_sync_points_with_eagers_values(star
     assert all(torch.equal(x, y) for x, y in zip(got, expected))
     if start != "transposed":  # a transposed out of the right sizes is written in place: fused
         assert per_step[-1] >= 2, per_step
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_an_out_op_whose_meta_kernel_was_wrong_becomes_a_sync_point_at_its_first_recorded_run(monkeypatch):
+    """Meta kernels may give outs other strides than CPU's (sort's restrides transposed outs
+    that CPU's keeps): a prediction the first recorded run contradicts is taken back there,
+    and the op is a sync point from then on, with eager's values."""
+    monkeypatch.setattr(engine, "_outs_keep_geometry", lambda *args: True)  # wrong for a resized out
+    make = lambda step: torch.empty(4, 16, device="neuron")  # add resizes it to [8, 16]
+    expected, _ = _out_steps("eager", make)
+    got, per_step = _out_steps("adaptive", make)
+    assert all(torch.equal(x, y) for x, y in zip(got, expected))
+    assert per_step[-1] >= 2, per_step
