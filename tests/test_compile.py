@@ -28,17 +28,7 @@ from neuron_tensors import is_neuron_tensor
 from subproc import SUBPROCESS_TIMEOUT_S
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_dynamo():
-    """Compiled code and recompile counts must not leak into (or from) other test files, and
-    inductor compiles afresh: a graph from its on-disk cache would not test the code generator."""
-    import torch._inductor.config as inductor_config
-
-    torch._dynamo.reset()
-    previous, inductor_config.force_disable_caches = inductor_config.force_disable_caches, True
-    yield
-    inductor_config.force_disable_caches = previous
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class LaunchLog:

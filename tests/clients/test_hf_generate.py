@@ -13,6 +13,7 @@ from clients import require
 
 transformers = require("transformers")
 transformers.logging.set_verbosity_error()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # the static cache's compiles: afresh
 
 VOCAB = 64
 
