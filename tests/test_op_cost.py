@@ -115,6 +115,13 @@ SCATTERS = {
     "index_add_": lambda cache, rows, src: cache.index_add_(0, rows, src),
     "scatter_": lambda cache, rows, src: cache.scatter_(0, rows[:, None].expand(-1, 256), src),
     "scatter_add_": lambda cache, rows, src: cache.scatter_add_(0, rows[:, None].expand(-1, 256), src),
+    # Note [Index puts]: x[idx] = v
+    "index_put_": lambda cache, rows, src: cache.index_put_((rows,), src),
+    "index_put_accumulate": lambda cache, rows, src: cache.index_put_((rows,), src, accumulate=True),
+    "setitem": lambda cache, rows, src: cache.__setitem__(rows, src),
+    "setitem_host_rows": lambda cache, rows, src: cache.__setitem__(rows.cpu(), src),
+    "setitem_one_row_broadcast": lambda cache, rows, src: cache.__setitem__(rows, src[0]),
+    "setitem_rows_of_a_column_range": lambda cache, rows, src: cache.__setitem__((rows, slice(0, 256)), src),
 }
 
 
@@ -126,5 +133,20 @@ def test_an_in_place_scatter_is_priced_by_the_rows_it_writes_not_the_whole_tenso
     assert (_modelled_us(SCATTERS[name], large, rows, src)
             == pytest.approx(_modelled_us(SCATTERS[name], small, rows, src), rel=1e-12))
     # what it writes lands where the CPU puts it
-    expected = SCATTERS[name](torch.zeros(4096, 256), rows.cpu(), src.cpu())
+    expected = torch.zeros(4096, 256)
+    SCATTERS[name](expected, rows.cpu(), src.cpu())
     assert torch.equal(large.cpu(), expected)
+
+
+def test_a_boolean_mask_put_is_priced_as_every_element_its_mask_covers():
+    """Note [Index puts]: how many entries of a mask are True is data, so a masked put counts
+    all the rows the mask covers, the most it can write, whatever the mask holds."""
+    row = torch.randn(256).to("neuron")
+    table = torch.zeros(4096, 256).to("neuron")
+    three = torch.zeros(4096, dtype=torch.bool)
+    three[[3, 9, 100]] = True
+    put = lambda t, where: t.__setitem__(where, row)
+    masked = _modelled_us(put, table, three.to("neuron"))
+    assert masked == pytest.approx(_modelled_us(put, table, torch.ones(4096, dtype=torch.bool).to("neuron")), rel=1e-12)
+    assert _modelled_us(put, table, torch.tensor([3, 9, 100]).to("neuron")) < masked
+    assert torch.equal(table.cpu(), row.cpu().expand(4096, 256))  # the all-True mask's put wrote every row

@@ -100,7 +100,15 @@ struct OpTraffic {
   double out_bytes = 0;
   double out_elements = 0;
 };
-void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, OpTraffic* traffic);
+// Note [Index puts]: what x[idx] = v writes, read from its arguments before it runs (its host
+// index tensors are not among the device inputs); elements < 0 for any other op.
+struct IndexPut {
+  double elements = -1;
+  bool accumulate = false;
+};
+IndexPut index_put_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first);
+void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, const IndexPut& put,
+                         OpTraffic* traffic);
 
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();

@@ -14,6 +14,8 @@
 // index_add_) size for a scatter, written, and read too when it accumulates.
 #include "neuron.h"
 
+#include <ATen/ExpandUtils.h>
+
 #include <algorithm>
 #include <string>
 #include <unordered_map>
@@ -36,9 +38,73 @@ const std::unordered_map<std::string, Indexing> kIndexing = {
     {"aten::scatter_add_", Indexing::kAddIndexed}, {"aten::scatter_reduce_", Indexing::kAddIndexed},
 };
 
+// self was counted whole as an input and as the (in-place) output; it touches `elements`.
+void count_written_elements(const at::Tensor& self, double elements, bool accumulates, OpTraffic* traffic) {
+  elements = std::min(elements, static_cast<double>(self.numel()));
+  const double touched = elements * self.element_size();
+  traffic->in_bytes -= bytes_of(self) - (accumulates ? touched : 0.0);
+  traffic->in_elements -= static_cast<double>(self.numel()) - (accumulates ? elements : 0.0);
+  traffic->out_bytes -= bytes_of(self) - touched;
+  traffic->out_elements = std::min(traffic->out_elements, elements);
+}
+
 }  // namespace
 
-void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, OpTraffic* traffic) {
+// Note [Index puts]
+// ~~~~~~~~~~~~~~~~~
+// x[idx] = v (index_put_, which reaches the device as _index_put_impl_) writes the elements its
+// indices name, as a scatter does (Note [Gathers and scatters]): the broadcast of its index
+// tensors times the sizes of the dims no index names (None entries, trailing dims). A boolean
+// mask names its dims and as many elements as it has True entries, which are data: it counts
+// as all of them, the most it can write. Counted whole, a KV cache updated by setitem cost a
+// write of the whole cache per token.
+IndexPut index_put_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first) {
+  IndexPut put;
+  if (op.name != "aten::_index_put_impl_" || !stack[first].isTensor() || !stack[first + 1].isList()) {
+    return put;
+  }
+  const at::Tensor& self = stack[first].toTensor();
+  std::vector<bool> named(static_cast<size_t>(self.dim()), false);
+  std::vector<int64_t> broadcast;
+  size_t dim = 0;
+  for (const c10::IValue& entry : stack[first + 1].toListRef()) {
+    const at::Tensor index = entry.isTensor() ? entry.toTensor() : at::Tensor();
+    if (!index.defined()) {  // None: the whole dim
+      ++dim;
+      continue;
+    }
+    const bool mask = index.scalar_type() == at::kBool || index.scalar_type() == at::kByte;
+    const size_t dims = mask ? static_cast<size_t>(index.dim()) : 1;
+    for (size_t k = 0; k < dims && dim < named.size(); ++k) {
+      named[dim++] = true;
+    }
+    const std::vector<int64_t> shape = mask ? std::vector<int64_t>{index.numel()} : index.sizes().vec();
+    try {
+      broadcast = at::infer_size(broadcast, shape);
+    } catch (const c10::Error&) {
+      return put;  // indices that do not broadcast: the kernel says so; priced whole meanwhile
+    }
+  }
+  double elements = 1;
+  for (const int64_t n : broadcast) {
+    elements *= static_cast<double>(n);
+  }
+  for (size_t d = 0; d < named.size(); ++d) {
+    if (!named[d]) {
+      elements *= static_cast<double>(self.size(static_cast<int64_t>(d)));
+    }
+  }
+  put.elements = elements;
+  put.accumulate = stack[first + 3].isBool() && stack[first + 3].toBool();
+  return put;
+}
+
+void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, const IndexPut& put,
+                         OpTraffic* traffic) {
+  if (put.elements >= 0 && !inputs.empty()) {
+    count_written_elements(inputs.front(), put.elements, put.accumulate, traffic);
+    return;
+  }
   const auto found = kIndexing.find(op.name);  // one lookup per op: most ops stop here
   if (found == kIndexing.end() || inputs.empty()) {
     return;
@@ -60,13 +126,7 @@ void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tens
   const bool by_source = kind == Indexing::kWriteSourceRows || kind == Indexing::kAddSourceRows;
   const bool accumulates = kind == Indexing::kAddSourceRows || kind == Indexing::kAddIndexed;
   const at::Tensor& touched_by = by_source ? inputs.back() : inputs[1];
-  const double elements = std::min(static_cast<double>(touched_by.numel()), static_cast<double>(self.numel()));
-  const double touched = elements * self.element_size();
-  // self was counted whole as an input and as the (in-place) output.
-  traffic->in_bytes -= bytes_of(self) - (accumulates ? touched : 0.0);
-  traffic->in_elements -= static_cast<double>(self.numel()) - (accumulates ? elements : 0.0);
-  traffic->out_bytes -= bytes_of(self) - touched;
-  traffic->out_elements = std::min(traffic->out_elements, elements);
+  count_written_elements(self, static_cast<double>(touched_by.numel()), accumulates, traffic);
 }
 
 }  // namespace neuron
