@@ -14,8 +14,8 @@ Inductor's generated kernels read data pointers the adaptive engine knows nothin
 compiled graph is a sync point, as with backend='neuron' (compile_backend.py): its call
 first runs what the engine holds back (a deferred input has no bytes yet), and its own ops
 bypass the engine, so that every buffer a kernel reads has its bytes when the kernel runs.
-The graph's launches are counted as eager ops are: inductor's kernels are not on the
-device's clock (they never reach the runtime), the ATen ops they call are, one launch each.
+The graph's ATen calls are launches as eager ops are, and so is each kernel inductor
+generates: Note [Inductor kernels on the clock].
 """
 from __future__ import annotations
 
@@ -56,6 +56,24 @@ def graph_begin() -> bool:
 
 def graph_end(previous: bool) -> None:
     native.set_bypass(previous)
+
+
+def kernel_ran(*args) -> None:
+    """Note [Inductor kernels on the clock]: a kernel inductor generated for neuron has run,
+    called with these arguments (its buffers, and sizes). It is one launch, priced as a custom
+    kernel without an estimate of its own is: by the bytes of the buffers it was given, each
+    of which it reads or writes (a fused kernel's intermediates never leave it, which is what
+    fusing saves). Before, the generated kernels cost nothing: a compiled graph looked as
+    cheap as its matmuls alone."""
+    import torch
+
+    from .context import CONTEXT
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
+    if tensors:
+        runtime = CONTEXT.runtime
+        nbytes = sum(t.nbytes for t in tensors)
+        runtime.launch(tensors[0].device.index, runtime.cost.op_us(0, nbytes, tensors[0].dtype))
 
 
 def _register_device_op_overrides() -> None:
@@ -174,6 +192,7 @@ def _wrapper_codegen():
                 # A C++ kernel on neuron is called as on the CPU: on the tensors' host bytes.
                 if not triton and device is not None and device.type == "neuron":
                     self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+                    self.writeline(f"_neuron_inductor.kernel_ran({', '.join(call_args)})")
                     return
                 super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 

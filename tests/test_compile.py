@@ -331,6 +331,27 @@ def test_inductor_on_neuron_inputs_returns_neuron_tensors_with_eagers_values(mod
         torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
 
 
+def _pointwise(x):
+    return (x.sin() * 2).cos() + x
+
+
+def test_inductors_generated_kernels_are_launches_priced_by_the_buffers_they_move():
+    """Note [Inductor kernels on the clock]: the graph is one fused kernel (no ATen call),
+    which reads x and writes the result: one launch, priced by those bytes."""
+    from dispatch.context import CONTEXT
+
+    x = torch.randn(512, 512, device="neuron")
+    compiled = torch.compile(_pointwise)
+    compiled(x)  # compiles
+    adaptive_eager.reset_stats()
+    out = compiled(x)
+    s = adaptive_eager.stats()
+    torch.testing.assert_close(out.cpu(), _pointwise(x).cpu())
+    assert s.launches == 1
+    moved_us = CONTEXT.runtime.cost.op_us(0, 2 * x.nbytes, torch.float32)
+    assert s.device_time_us - s.launch_overhead_us == pytest.approx(moved_us, rel=1e-9)
+
+
 def _embed_and_normalize(ids, positions, tokens, places):
     """GPT-2's first lines: two embedding lookups added, then a layer norm. Inductor fuses the
     indexed loads into the norm's reduction (the kernel that failed on neuron before Note
