@@ -39,8 +39,6 @@ import warnings
 
 import cachetools
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_map
 
 from device import native, stream
 from device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
@@ -54,7 +52,7 @@ from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
                       erased_signature, generic_difference)
 from .pending import Pending, launch_error
-from .trace import Trace, build_proto, build_trace, output_slots, written_inputs
+from .trace import Trace, build_proto, build_trace, output_slots
 
 _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
@@ -167,8 +165,6 @@ class AdaptiveExecutor(Executor):
         self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
-        # out= op signatures: whether their outs keep their geometry (_op_that_may_resize)
-        self._out_keeps_geometry = cachetools.LRUCache(maxsize=4096)
         self.pending: Pending | None = None
         # The launch running on the device stream (Note [The device stream]), if any.
         self.inflight: Pending | None = None
@@ -262,13 +258,9 @@ class AdaptiveExecutor(Executor):
                     self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
                 if self.config.launch_blocking:
                     return native.RUN_EAGER
-                if info.is_host_read or info.is_collective or (
+                if info.is_host_read or info.may_resize or info.is_collective or (
                         info.has_data_dependent_shape and not info.static_shape_for(args)):
                     return self._sync_op(info, func, args, kwargs)
-                if info.may_resize:
-                    action = self._op_that_may_resize(info, func, args, kwargs)
-                    if action is not None:
-                        return action
                 out = self._fast_paths(info, func, args, kwargs)
                 if out is not _NO_MATCH:
                     return out
@@ -590,15 +582,13 @@ class AdaptiveExecutor(Executor):
             raise err
 
     # -- ops that run now -------------------------------------------------------------------
-    def _sync_op(self, info, func, args, kwargs, signature=None):
-        """Run it now, a sync point; in the history as a barrier keyed by `signature` (its own
-        signature if None)."""
+    def _sync_op(self, info, func, args, kwargs):
         self._flush(f"sync: {info.name}")
         self._note_sync()
         self._raise_error()
         if self._steady < self._pause_after:
             try:
-                signature = signature or OpRecord.from_call(func, args, kwargs).signature
+                signature = OpRecord.from_call(func, args, kwargs).signature
             except Exception:  # undescribable arguments: the op stays out of the history
                 self.detector.forget()
                 return native.RUN_EAGER
@@ -609,31 +599,6 @@ class AdaptiveExecutor(Executor):
         else:
             self.position += 1
         return native.RUN_EAGER
-
-    def _op_that_may_resize(self, info, func, args, kwargs):
-        """Note [out= ops that keep their sizes]: an op that may give a written argument new
-        sizes, strides or storage is a sync point (what follows must see the new geometry,
-        which a deferred op could not hand out). An out= op changes its outs only when they
-        are not what the result needs (resize_output), which the arguments' geometry decides,
-        so the signature does: each new signature is asked of the op's meta kernel, on meta
-        copies of its arguments (shapes, no data), the same shape logic torch.compile's fake
-        tensors trust; an op whose outs keep their geometry is recorded and deferred as an
-        in-place op is. An op without a meta kernel stays a sync point, and so does one whose
-        first recorded run contradicts its meta kernel (_recorded checks: meta kernels may
-        stride outs differently from CPU's, sort's does). torch 2.13's
-        _safe_softmax (SDPA's math path, T5's attention) ends in where.self_out into its own
-        softmax: a sync point in every attention before. None: go on as with any op; else
-        what route returns."""
-        if not info.is_out:
-            return self._sync_op(info, func, args, kwargs)
-        try:
-            signature = OpRecord.from_call(func, args, kwargs).signature
-        except Exception:  # undescribable arguments: a sync point, as _sync_op makes it
-            return self._sync_op(info, func, args, kwargs)
-        keeps = self._out_keeps_geometry.get(signature)
-        if keeps is None:
-            keeps = self._out_keeps_geometry[signature] = _outs_keep_geometry(info, func, args, kwargs)
-        return None if keeps else self._sync_op(info, func, args, kwargs, signature)
 
     def _run_backing_off(self, info, args, kwargs):
         if self.inflight is not None:
@@ -655,14 +620,6 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._resume_detection()
             try:
-                if info.is_out and not _outs_as_recorded(info, rec, kwargs):
-                    # Its meta kernel said the outs keep their geometry and the CPU kernel gave
-                    # them other strides (Note [out= ops that keep their sizes]): a sync point
-                    # from now on, and what the detector saw of it forgotten.
-                    self._out_keeps_geometry[rec.signature] = False
-                    self.history.clear()
-                    self.detector.forget()
-                    return
                 proto = self._proto(info, rec, out, args, kwargs, barrier=False)
                 producer_of = native.producer_of
                 inputs = tuple(producer_of(v) if isinstance(v, torch.Tensor) and not v.is_cpu else None
@@ -912,41 +869,6 @@ def _fused_range(p: Pending):
         name = fused_range_name(trace.id, end - start)
     return profile_range(name, trace=trace.id, ops=end - start,
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
-
-
-def _outs_keep_geometry(info, func, args, kwargs) -> bool:
-    """Whether the out= op leaves its outs' sizes and strides as they are: its meta kernel run
-    on meta copies of the arguments (no data, no device work); False if it has none."""
-    def on_meta(x):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") \
-            if isinstance(x, torch.Tensor) else x
-
-    meta_args, meta_kwargs = tree_map(on_meta, (args, kwargs))
-    outs = written_inputs(info, meta_args, meta_kwargs)
-    before = [(o.shape, o.stride()) for o in outs]
-    try:
-        # Outside the user's dispatch modes (a logging mode would see an op the program did not
-        # issue); torch's "an output ... was resized" warning comes from the real run, once.
-        with _disable_current_modes(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            func(*meta_args, **meta_kwargs)
-    except Exception:  # no meta kernel, or arguments the real run will refuse: run it now
-        return False
-    return [(o.shape, o.stride()) for o in outs] == before
-
-
-def _outs_as_recorded(info, rec: OpRecord, kwargs) -> bool:
-    """Whether the out= op's outs still have the geometry its signature took before it ran."""
-    keys = dict(rec.signature[2])
-    for name in info.written_kwargs:
-        if name not in kwargs:
-            continue
-        outs, key = kwargs[name], keys[name]
-        pairs = zip(outs, key) if isinstance(outs, (list, tuple)) else [(outs, key)]
-        if any(isinstance(t, torch.Tensor) and (t.shape, t.stride(), t.storage_offset()) != tuple(k[:3])
-               for t, k in pairs):
-            return False
-    return True
 
 
 def _copies_of_shorter(keys: list, shortest: int) -> bool:

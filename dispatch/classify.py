@@ -52,9 +52,6 @@ class OpInfo:
     is_host_read: bool
     has_data_dependent_shape: bool
     may_resize: bool
-    # It writes keyword-only out= arguments: it resizes them only when their sizes are not
-    # the result's (resize_output), which the arguments' geometry decides.
-    is_out: bool
     device_arg: str | None  # name of a `Device?` argument (factories, _to_copy)
     has_flop_formula: bool  # torch.utils.flop_counter knows this op (matmuls, convolutions)
     # A collective, a wait or a redistribution of torch.distributed (is_distributed_namespace):
@@ -143,7 +140,6 @@ def _classify(op) -> OpInfo:
         # inplace_view ops (t_, unsqueeze_, as_strided_) change the written tensor's
         # sizes/strides, as resize_ does.
         may_resize=is_out or op in RESIZING_OPS or torch.Tag.inplace_view in tags,
-        is_out=is_out and op not in RESIZING_OPS and torch.Tag.inplace_view not in tags,
         device_arg=dev,
         has_flop_formula=op._overloadpacket in flop_registry,
         is_collective=is_distributed_namespace(op.namespace),

@@ -327,8 +327,8 @@ class _Gen:
             f"{target}.add_({src}, alpha=lr)", f"{target}.mul_(0.9)", f"{target}.mul_(lr)",
             f"{target}.copy_({src})", f"{target}.clamp_(-2, 2)", f"{target}.addcmul_({src}, {src}, value=lr)",
             f"{target}.sub_(cs)", f"{target}[1] = {src}[0]", f"{target}.tanh_()",
-            # out= ops (Note [out= ops that keep their sizes]): outs of the result's sizes,
-            # views among them, deferred; one that is also an input
+            # out= ops: into outs of the result's sizes, views among them, and into an out
+            # that is also an input
             f"torch.add({src}, lr, out={target})", f"torch.where({src} > 0, {target}, {src}, out={target})",
         ]
         if shape == M:

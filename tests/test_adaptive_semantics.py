@@ -527,55 +527,27 @@ def _out_steps(mode, make_out, steps=STEPS + 2):
     where writes into its own input (torch 2.13's _safe_softmax does, in SDPA's math path)."""
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(8, 16, generator=g).to("neuron") for _ in range(2))
-    outs, per_step = [], []
+    outs = []
     with adaptive_eager.mode(mode):
         for step in range(steps):
-            before = adaptive_eager.stats().launches
             o = make_out(step)
             torch.add(a, b, out=o)
             torch.where(o > 0, o, b, out=o)
             outs.append((o * 2).tanh())
             a = a + 0.25
-            per_step.append(adaptive_eager.stats().launches - before)
-        return [t.cpu() for t in outs], per_step
-
-
-def test_out_ops_whose_outs_already_have_the_results_sizes_are_deferred_into_traces():
-    """Note [out= ops that keep their sizes]: each signature runs once as a sync point; its
-    outs kept their geometry, so later calls are deferred as in-place ops are."""
-    def preallocated(step):
-        return torch.empty(8, 16, device="neuron")
-
-    expected, _ = _out_steps("eager", preallocated)
-    got, per_step = _out_steps("adaptive", preallocated)
-    assert all(torch.equal(x, y) for x, y in zip(got, expected))
-    assert per_step[-1] == 1, per_step  # the out= ops fused with the rest of the step
+        return [t.cpu() for t in outs]
 
 
 @pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")  # torch's, as on CPU
-@pytest.mark.parametrize("start", ["empty", "wrong_sizes", "transposed"])
-def test_out_ops_that_resize_their_outs_stay_sync_points_with_eagers_values(start):
-    """An out that the op must resize (or restride) gets new geometry: what follows must see
-    it, so that signature stays a sync point, every step, with eager's values and sizes."""
+@pytest.mark.parametrize("start", ["empty", "wrong_sizes", "transposed", "right_sizes"])
+def test_out_ops_give_eagers_values_and_sizes_whether_they_resize_their_outs_or_not(start):
+    """An out= op may give its out new geometry, which what follows must see (a sync point
+    today): eager's values and sizes every step, for outs it resizes, restrides or keeps."""
     make = {"empty": lambda step: torch.empty(0, device="neuron"),
             "wrong_sizes": lambda step: torch.empty(4, 16, device="neuron"),
-            "transposed": lambda step: torch.empty(16, 8, device="neuron").t()}[start]
-    expected, _ = _out_steps("eager", make)
-    got, per_step = _out_steps("adaptive", make)
+            "transposed": lambda step: torch.empty(16, 8, device="neuron").t(),
+            "right_sizes": lambda step: torch.empty(8, 16, device="neuron")}[start]
+    expected = _out_steps("eager", make)
+    got = _out_steps("adaptive", make)
     assert [x.shape for x in got] == [torch.Size([8, 16])] * len(got)
     assert all(torch.equal(x, y) for x, y in zip(got, expected))
-    if start != "transposed":  # a transposed out of the right sizes is written in place: fused
-        assert per_step[-1] >= 2, per_step
-
-
-@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
-def test_an_out_op_whose_meta_kernel_was_wrong_becomes_a_sync_point_at_its_first_recorded_run(monkeypatch):
-    """Meta kernels may give outs other strides than CPU's (sort's restrides transposed outs
-    that CPU's keeps): a prediction the first recorded run contradicts is taken back there,
-    and the op is a sync point from then on, with eager's values."""
-    monkeypatch.setattr(engine, "_outs_keep_geometry", lambda *args: True)  # wrong for a resized out
-    make = lambda step: torch.empty(4, 16, device="neuron")  # add resizes it to [8, 16]
-    expected, _ = _out_steps("eager", make)
-    got, per_step = _out_steps("adaptive", make)
-    assert all(torch.equal(x, y) for x, y in zip(got, expected))
-    assert per_step[-1] >= 2, per_step
