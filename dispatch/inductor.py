@@ -19,8 +19,11 @@ generates: Note [Inductor kernels on the clock].
 """
 from __future__ import annotations
 
+import torch
+
 from device import native
 
+from .context import CONTEXT
 from .dynamo_opaque import hide_late_module
 
 _CLASSES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
@@ -65,10 +68,6 @@ def kernel_ran(*args) -> None:
     of which it reads or writes (a fused kernel's intermediates never leave it, which is what
     fusing saves). Before, the generated kernels cost nothing: a compiled graph looked as
     cheap as its matmuls alone."""
-    import torch
-
-    from .context import CONTEXT
-
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
     if tensors:
         runtime = CONTEXT.runtime

@@ -628,7 +628,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   const ConvFlags conv = conv_flags(name, *stack, first);
-  const IndexPut put = index_put_of(name, *stack, first);
+  const Touch touch = touch_of(name, *stack, first);  // Note [Gathers and scatters] (touched.cpp)
   std::optional<Range> range;  // an eager launch's own range; a fused launch's ops have none
   if (profiling() && !in_fused_launch()) {
     range.emplace("neuron::" + name.name);
@@ -661,7 +661,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
   OpTraffic traffic{call.in_bytes, call.in_elements, out_bytes, out_elements};
-  count_touched_bytes(name, call.aliases, put, &traffic);  // Note [Gathers and scatters] (touched.cpp)
+  count_touched_bytes(touch, call.aliases, &traffic);
   const double us = launch_op(d, name.name, flops, traffic.in_bytes + traffic.out_bytes,
                              std::max(traffic.in_elements, traffic.out_elements), call.dtype.value_or(at::kFloat));
   if (range) {

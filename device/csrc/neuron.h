@@ -100,15 +100,16 @@ struct OpTraffic {
   double out_bytes = 0;
   double out_elements = 0;
 };
-// Note [Index puts]: what x[idx] = v writes, read from its arguments before it runs (its host
-// index tensors are not among the device inputs); elements < 0 for any other op.
-struct IndexPut {
-  double elements = -1;
-  bool accumulate = false;
+// How an op touches the tensor it indexes (touched.cpp, Notes [Gathers and scatters] and [Index
+// puts]), read from its arguments before it runs: an index put's host index tensors are not
+// among the device inputs. kind < 0: the op is counted whole.
+struct Touch {
+  int kind = -1;
+  double put_elements = -1;  // what an index put writes
+  bool accumulates = false;
 };
-IndexPut index_put_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first);
-void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, const IndexPut& put,
-                         OpTraffic* traffic);
+Touch touch_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first);
+void count_touched_bytes(const Touch& touch, const std::vector<at::Tensor>& inputs, OpTraffic* traffic);
 
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();

@@ -27,8 +27,9 @@ double bytes_of(const at::Tensor& t) { return static_cast<double>(t.numel()) * t
 
 // How an op touches its first argument, the indexed tensor. A scatter's touched rows are its
 // source's (index_copy_/index_add_(self, dim, index, source)) or one per index entry
-// (scatter_*(self, dim, index, src/value)); an accumulating one reads them too.
-enum class Indexing { kGather, kWriteSourceRows, kAddSourceRows, kWriteIndexed, kAddIndexed };
+// (scatter_*(self, dim, index, src/value)); an accumulating one reads them too. An index put
+// writes what its indices name (Note [Index puts]).
+enum class Indexing { kGather, kWriteSourceRows, kAddSourceRows, kWriteIndexed, kAddIndexed, kPut };
 
 const std::unordered_map<std::string, Indexing> kIndexing = {
     {"aten::index", Indexing::kGather},           {"aten::index_select", Indexing::kGather},
@@ -36,6 +37,7 @@ const std::unordered_map<std::string, Indexing> kIndexing = {
     {"aten::take", Indexing::kGather},            {"aten::index_copy_", Indexing::kWriteSourceRows},
     {"aten::index_add_", Indexing::kAddSourceRows}, {"aten::scatter_", Indexing::kWriteIndexed},
     {"aten::scatter_add_", Indexing::kAddIndexed}, {"aten::scatter_reduce_", Indexing::kAddIndexed},
+    {"aten::_index_put_impl_", Indexing::kPut},  // x[idx] = v: what index_put_ reaches the device as
 };
 
 // self was counted whole as an input and as the (in-place) output; it touches `elements`.
@@ -48,20 +50,19 @@ void count_written_elements(const at::Tensor& self, double elements, bool accumu
   traffic->out_elements = std::min(traffic->out_elements, elements);
 }
 
-}  // namespace
-
 // Note [Index puts]
 // ~~~~~~~~~~~~~~~~~
-// x[idx] = v (index_put_, which reaches the device as _index_put_impl_) writes the elements its
-// indices name, as a scatter does (Note [Gathers and scatters]): the broadcast of its index
+// x[idx] = v (_index_put_impl_(self, indices, values, accumulate, unsafe)) writes the elements
+// its indices name, as a scatter does (Note [Gathers and scatters]): the broadcast of its index
 // tensors times the sizes of the dims no index names (None entries, trailing dims). A boolean
 // mask names its dims and as many elements as it has True entries, which are data: it counts
-// as all of them, the most it can write. Counted whole, a KV cache updated by setitem cost a
-// write of the whole cache per token.
-IndexPut index_put_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first) {
-  IndexPut put;
-  if (op.name != "aten::_index_put_impl_" || !stack[first].isTensor() || !stack[first + 1].isList()) {
-    return put;
+// as all of them, the most it can write. Read from the arguments before the op runs: its host
+// index tensors are not among the device inputs. Counted whole, a KV cache updated by setitem
+// cost a write of the whole cache per token. < 0: indices that do not broadcast (the kernel
+// says so; the op is priced whole meanwhile).
+double index_put_elements(const torch::jit::Stack& stack, size_t first) {
+  if (!stack[first].isTensor() || !stack[first + 1].isList()) {
+    return -1;
   }
   const at::Tensor& self = stack[first].toTensor();
   std::vector<bool> named(static_cast<size_t>(self.dim()), false);
@@ -82,7 +83,7 @@ IndexPut index_put_of(const c10::OperatorName& op, const torch::jit::Stack& stac
     try {
       broadcast = at::infer_size(broadcast, shape);
     } catch (const c10::Error&) {
-      return put;  // indices that do not broadcast: the kernel says so; priced whole meanwhile
+      return -1;
     }
   }
   double elements = 1;
@@ -94,26 +95,42 @@ IndexPut index_put_of(const c10::OperatorName& op, const torch::jit::Stack& stac
       elements *= static_cast<double>(self.size(static_cast<int64_t>(d)));
     }
   }
-  put.elements = elements;
-  put.accumulate = stack[first + 3].isBool() && stack[first + 3].toBool();
-  return put;
+  return elements;
 }
 
-void count_touched_bytes(const c10::OperatorName& op, const std::vector<at::Tensor>& inputs, const IndexPut& put,
-                         OpTraffic* traffic) {
-  if (put.elements >= 0 && !inputs.empty()) {
-    count_written_elements(inputs.front(), put.elements, put.accumulate, traffic);
-    return;
-  }
+}  // namespace
+
+Touch touch_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first) {
+  Touch touch;
   const auto found = kIndexing.find(op.name);  // one lookup per op: most ops stop here
-  if (found == kIndexing.end() || inputs.empty()) {
-    return;
+  if (found == kIndexing.end()) {
+    return touch;
   }
   Indexing kind = found->second;
   if (kind == Indexing::kWriteIndexed && (op.overload_name == "reduce" || op.overload_name == "value_reduce")) {
     kind = Indexing::kAddIndexed;  // scatter_(..., reduce=...) accumulates
   }
+  if (kind == Indexing::kPut) {
+    touch.put_elements = index_put_elements(stack, first);
+    if (touch.put_elements < 0) {
+      return touch;
+    }
+    touch.accumulates = stack[first + 3].isBool() && stack[first + 3].toBool();
+  }
+  touch.kind = static_cast<int>(kind);
+  return touch;
+}
+
+void count_touched_bytes(const Touch& touch, const std::vector<at::Tensor>& inputs, OpTraffic* traffic) {
+  if (touch.kind < 0 || inputs.empty()) {
+    return;
+  }
+  const auto kind = static_cast<Indexing>(touch.kind);
   const at::Tensor& self = inputs.front();
+  if (kind == Indexing::kPut) {
+    count_written_elements(self, touch.put_elements, touch.accumulates, traffic);
+    return;
+  }
   if (kind == Indexing::kGather) {
     // Counted once, as an input: what is read of it is what the output holds.
     traffic->in_bytes -= bytes_of(self) - std::min(bytes_of(self), traffic->out_bytes);
