@@ -6,6 +6,7 @@ extension module, built by `pip install` with torch's own build rules (torch is 
 requirement, pinned as at run time so the headers match the library).
 """
 import glob
+import os
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -15,7 +16,10 @@ setup(
     # include torch's headers doubled the compile time (eager.cpp: 47 s with, 24 s without,
     # on a 2-core machine) and made objects twenty times larger; symbol names for backtraces
     # stay. The last -O wins over CFLAGS' -O3.
-    ext_modules=[CppExtension("device._C", sorted(glob.glob("device/csrc/*.cpp")),
-                              depends=sorted(glob.glob("device/csrc/*.h")), extra_compile_args=["-O2", "-g0"])],
+    # device/csrc is grouped by job (runtime/, aten/, cost/, engine/: device/csrc/README.md);
+    # its files include the shared headers by their path from csrc/.
+    ext_modules=[CppExtension("adaptive_eager.device._C", sorted(glob.glob("device/csrc/**/*.cpp", recursive=True)),
+                              depends=sorted(glob.glob("device/csrc/**/*.h", recursive=True)),
+                              include_dirs=[os.path.abspath("device/csrc")], extra_compile_args=["-O2", "-g0"])],
     cmdclass={"build_ext": BuildExtension},
 )

@@ -9,7 +9,7 @@ import dataclasses
 
 import cachetools
 
-from device import stream as device_stream
+from adaptive_eager.device import stream as device_stream
 
 from .mode import SWITCH
 from .stats import Stats, stats

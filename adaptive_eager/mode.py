@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
-from dispatch import CONTEXT, EagerExecutor, install_executor
+from adaptive_eager.device import settings
+from adaptive_eager.dispatch import CONTEXT, EagerExecutor, install_executor
 
-from .engine import AdaptiveExecutor
+from .engine.executor import AdaptiveExecutor
 
 MODES = ("eager", "adaptive")
 
@@ -36,16 +36,9 @@ class ModeSwitch:
 
     @staticmethod
     def default_from_env() -> str:
-        raw = os.environ.get("NEURON_ADAPTIVE_EAGER", "1").strip().lower()
-        if raw in ("0", "false", "no", "off", "eager"):
-            return "eager"
-        if raw in ("", "1", "true", "yes", "on", "adaptive"):
-            return "adaptive"
-        # Not silently adaptive: a typo of "0" must not run a debugging session fused.
-        from device import NeuronConfigError
-
-        raise NeuronConfigError(f"NEURON_ADAPTIVE_EAGER={raw!r} is not a mode; use 1 (adaptive, the default) "
-                                f"or 0 (eager, one launch per op).")
+        """NEURON_ADAPTIVE_EAGER's mode. Not silently adaptive on a typo of "0": the settings
+        table refuses what is neither mode."""
+        return settings.read("NEURON_ADAPTIVE_EAGER")
 
 
 SWITCH = ModeSwitch()

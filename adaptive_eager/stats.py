@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from device import native
-from dispatch import CONTEXT
+from adaptive_eager.device import native
+from adaptive_eager.dispatch import CONTEXT
 
 from .mode import SWITCH
 
@@ -82,3 +82,15 @@ def reset_stats() -> None:
     CONTEXT.runtime.synchronize(None)
     CONTEXT.runtime.reset_counters()
     SWITCH.adaptive.reset_counters()
+
+
+def device_time_split(stats) -> dict:
+    """stats.device_time_us in parts: launch overhead, transfers, and the kernels' roofline
+    time (compute or memory traffic, whichever bounds each op; the cost model keeps no
+    finer split)."""
+    # Exact: a transfer's cost is linear in its bytes, so the sum over transfers is the
+    # cost of their total bytes.
+    transfers = CONTEXT.runtime.cost.transfer_us(stats.transfer_bytes)
+    overhead = stats.launch_overhead_us
+    kernels = max(0.0, stats.device_time_us - overhead - transfers)  # rounding never goes negative
+    return {"launch overhead": overhead, "kernels (compute/memory)": kernels, "transfers": transfers}

@@ -9,8 +9,8 @@ groups' ratios, not absolute times, are what to compare (noisy, shared machines)
 """
 import pytest
 
-from adaptive_eager.config import EngineConfig
-from adaptive_eager.detector import PeriodDetector
+from adaptive_eager.engine.config import EngineConfig
+from adaptive_eager.engine.detector import PeriodDetector
 
 LAYER_OPS = 40
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import adaptive_eager
 from adaptive_eager.nki import library as lib
-from dispatch.context import CONTEXT
+from adaptive_eager.dispatch.context import CONTEXT
 
 
 def _attention_inputs():

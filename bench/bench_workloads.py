@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import adaptive_eager
-from dispatch import CONTEXT
+from adaptive_eager.dispatch import CONTEXT
 
 # name -> (warm-up steps, full (rounds, iterations), quick (rounds, iterations)).
 # Warm-up is the same in quick mode: adaptive mode must reach its steady state before timing.

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from device import stream
+from adaptive_eager.device import stream
 
 
 def pytest_collect_file(file_path, parent):

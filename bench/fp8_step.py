@@ -27,7 +27,7 @@ def _measure(dim: int, ffn: int, tokens: int) -> dict:
     from torch import nn
 
     import adaptive_eager
-    from device import native
+    from adaptive_eager.device import native
     from torchao.float8 import convert_to_float8_training
 
     warnings.filterwarnings("ignore")  # torchao's CUDA extensions, trn2's e4m3fn conversion

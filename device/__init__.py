@@ -3,7 +3,8 @@
 This layer knows nothing of PyTorch dispatch or of traces; `dispatch/` and
 `adaptive_eager/` sit above it.
 """
-from .config import DeviceConfig, parse_size
+from .config import DeviceConfig
+from .settings import parse_size
 from .errors import NeuronConfigError, NeuronDeviceError, NeuronDeviceIndexError
 from .memory import DeviceMemory, format_bytes
 from .profiles import PROFILES, DeviceProfile

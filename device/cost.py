@@ -22,7 +22,7 @@ floor bounds the ops whose bytes a fused launch keeps on chip.
 
 Note [On-chip intermediates] (DESIGN.md: "In a fused launch, intermediates that never leave
 the launch count no HBM traffic"): in a launch of the adaptive engine's queue
-(csrc/queue.cpp), the value an op makes is read by the launch's later ops from SBUF, not HBM,
+(csrc/engine/queue.cpp), the value an op makes is read by the launch's later ops from SBUF, not HBM,
 while it is resident there; and it is written to HBM only if it leaves the launch, i.e. the
 program still holds it when the launch is issued (an output, a tensor autograd saved for a
 backward in another launch). A value stays resident from the op that makes it to its last

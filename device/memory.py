@@ -1,8 +1,8 @@
 """Memory accounting of one emulated device, as Python reads it.
 
-The bytes of a device tensor come from the neuron allocator (csrc/memory.cpp), which charges
+The bytes of a device tensor come from the neuron allocator (csrc/runtime/memory.cpp), which charges
 them to their device from allocation until the storage frees them, with the capacity, the
-peak and the OOM error: Note [Device memory accounting] in csrc/memory.cpp.
+peak and the OOM error: Note [Device memory accounting] in csrc/runtime/memory.cpp.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ try:
     from . import _C
 except ImportError as exc:  # a source tree that was never installed, or a build for another torch
     raise ImportError(
-        "adaptive-eager's C++ core (device/_C, compiled from device/csrc at install time) is missing "
+        "adaptive-eager's C++ core (adaptive_eager/device/_C, compiled from device/csrc at install time) is missing "
         f"or does not load ({exc}). Install the project, which compiles it: pip install -e . "
         "(a C++ compiler is needed; torch is fetched for the build).") from exc
 
@@ -35,11 +35,11 @@ set_spend_overhead = _C.set_spend_overhead
 set_synchronizer = _C.set_synchronizer
 # generators
 host_generator = _C.host_generator
-# native tensors
+# the eager path and host aliases of device bytes
 install_eager = _C.install_eager
 host_alias = _C.host_alias
 adopt = _C.adopt
-# the adaptive engine's route and queue on native tensors (csrc/queue.cpp, csrc/route.cpp)
+# the adaptive engine's route and queue (csrc/engine/queue.cpp, csrc/engine/route.cpp)
 RUN_EAGER = _C.RUN_EAGER
 DeferPlan = _C.DeferPlan
 pointwise_geometry = _C.pointwise_geometry

@@ -28,11 +28,12 @@ Note [Profiler ranges]:
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 import torch
 from torch._C._profiler import _RecordFunctionFast
+
+from . import settings
 
 # The one check on the hot path: True while any torch profiler (kineto or legacy) records.
 profiler_enabled = torch._C._autograd._profiler_enabled
@@ -41,22 +42,23 @@ DEVICE_TIME = "neuron::device_time"
 _NO_INPUTS = ()  # never None: see Note [Profiler ranges]
 
 
-class ProfilingSettings:
-    """`sources`: always put fused launches' source lines in their range names, even
-    without `with_stack=True` (NEURON_PROFILER_SOURCES=1 sets it at start-up)."""
-
-    def __init__(self, env=None):
-        env = os.environ if env is None else env
-        self.sources = env.get("NEURON_PROFILER_SOURCES", "0").strip().lower() not in ("", "0", "false", "no")
+_sources: bool | None = None  # None: NEURON_PROFILER_SOURCES's, read at the first question
 
 
-SETTINGS = ProfilingSettings()
+def profiler_sources() -> bool:
+    """Whether fused launches' ranges always name their source lines, even without
+    `with_stack=True` (NEURON_PROFILER_SOURCES=1 sets it at start-up)."""
+    global _sources
+    if _sources is None:
+        _sources = settings.read("NEURON_PROFILER_SOURCES")
+    return _sources
 
 
 def set_profiler_sources(on: bool) -> bool:
     """Show (True) or hide the user's source lines in fused launch ranges whether or not
     the profiler has `with_stack=True`; returns the previous setting."""
-    previous, SETTINGS.sources = SETTINGS.sources, bool(on)
+    global _sources
+    previous, _sources = profiler_sources(), bool(on)
     return previous
 
 
@@ -75,7 +77,7 @@ def sources_wanted() -> bool:
     """True if source lines belong in range names: the setting, or a profiler with
     with_stack=True on this thread (its Python tracer is installed as the thread's
     profile function; torch offers no other way to read the running profiler's config)."""
-    if SETTINGS.sources:
+    if profiler_sources():
         return True
     tracer = sys.getprofile()
     return tracer is not None and type(tracer).__name__ == "TraceContext"

@@ -1,7 +1,7 @@
 """The `torch.neuron` module, modelled on `torch.cuda` and TorchNeuron's module.
 
 Registered by `dispatch` as the PrivateUse1 device module. It speaks only to the runtime.
-What of torch.cuda's public names it has, and why it lacks the rest: tests/test_cuda_parity.py.
+What of torch.cuda's public names it has, and why it lacks the rest: tests/chip/test_cuda_parity.py.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _device_index(runtime: Runtime, device) -> int:
 
 def _memory(runtime, device):
     """The device's memory accounting, current with no wait: deferred outputs are charged when
-    they are issued (Note [Deferred outputs are charged at issue] in csrc/memory.cpp)."""
+    they are issued (Note [Deferred outputs are charged at issue] in csrc/runtime/memory.cpp)."""
     return runtime.devices[_device_index(runtime, device)].memory
 
 
@@ -97,7 +97,7 @@ def build_module(runtime: Runtime) -> types.ModuleType:
                 runtime.current_index = self.prev_idx
             return False
 
-    # -- streams and events (Note [One queue per device] in csrc/streams.cpp) -------------
+    # -- streams and events (Note [One queue per device] in csrc/runtime/streams.cpp) -------------
     # Functions returning torch.Stream / torch.Event, not subclasses: torch's own methods
     # (elapsed_time, wait_event, ...) accept only exact torch.Event / torch.Stream objects.
     def Stream(device=None, priority=0) -> torch.Stream:  # noqa: N802 (torch.cuda.Stream's name)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from device import native
-from device.profiling import mark_device_time, profile_range, profiler_enabled
+from adaptive_eager.device import native
+from adaptive_eager.device.profiling import mark_device_time, profile_range, profiler_enabled
 
 from .dynamo_opaque import hide_late_module
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from device import Runtime
+    from adaptive_eager.device import Runtime
 
     from .executor import Executor
 

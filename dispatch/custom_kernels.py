@@ -11,7 +11,7 @@ tensors (the bytes the emulated device holds), plus an optional cost estimate:
                             setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
 
 Nothing else is needed for it to work on `neuron`: a PrivateUse1 kernel runs the op whole
-as one launch in eager mode (Note [Custom kernels on native tensors]), it is one op of a
+as one launch in eager mode (Note [Custom kernels run whole]), it is one op of a
 trace in adaptive mode (recorded, matched and queued like any ATen op), and its
 `register_autograd` backward is whatever ops the user's backward calls (one launch if that
 is another custom kernel).
@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.utils._pytree as pytree
 
-from device import native
-from device.nki import measuring
+from adaptive_eager.device import native
+from adaptive_eager.device.nki import measuring
 
 from .classify import COST_HOOKS, classify, forget
 from .context import CONTEXT
@@ -70,14 +70,14 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
 
 
 def _on_host(fn, overload):
-    """Note [Custom kernels on native tensors]: neuron tensors run every op in C++, where a
+    """Note [Custom kernels run whole]: neuron tensors run every op in C++, where a
     Python kernel's body would be many launches on device tensors. This kernel runs the body
     once, on host aliases of the device's bytes, adopts its results (zero-copy, charged to
     the device) and charges one launch, priced by its cost estimate (dispatch/pricing.py)."""
 
     def kernel(*args, **kwargs):
         # While adaptive mode is on, the engine may queue the call (Note [Deferred launches]
-        # in device/csrc/queue.cpp); its launch runs this kernel again, past the route.
+        # in device/csrc/engine/queue.cpp); its launch runs this kernel again, past the route.
         handled, out = native.offer(overload, args, kwargs)
         if handled:
             return out

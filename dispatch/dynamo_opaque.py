@@ -31,14 +31,11 @@ _REALPATH: dict[str, str] = {}  # co_filename -> its real path (realpath costs s
 def hide_packages(names: tuple[str, ...], extra_modules: tuple[str, ...] = ()) -> int:
     """Mark every code object of the loaded modules of these packages (and `extra_modules`);
     the number of code objects marked."""
-    roots = []
-    for name in names:
-        module = sys.modules.get(name)
-        path = getattr(module, "__path__", None)
-        if path:
-            roots.extend(os.path.join(os.path.realpath(p), "") for p in path)
     modules = [m for n, m in list(sys.modules.items())
                if n.split(".")[0] in names or n in extra_modules]
+    # Every package's folder, subpackages included: adaptive_eager.device and .dispatch are
+    # folders beside adaptive_eager/, not under it (pyproject.toml's package-dir).
+    roots = sorted({os.path.join(os.path.realpath(p), "") for m in modules for p in getattr(m, "__path__", None) or ()})
     # An extra module without a file adds nothing (realpath("") would be the working directory).
     files = tuple(roots) + tuple(os.path.realpath(m.__file__) for m in modules
                                  if m.__name__ in extra_modules and getattr(m, "__file__", None))

@@ -1,7 +1,7 @@
 """torch.compile's default backend, inductor, on neuron tensors.
 
 Note [Inductor on neuron]: a neuron tensor's bytes are host memory (the neuron allocator
-allocates them with the CPU's allocator: csrc/memory.cpp), so inductor's CPU code generator
+allocates them with the CPU's allocator: csrc/runtime/memory.cpp), so inductor's CPU code generator
 is the emulated device's: its C++ kernels run on the device tensors' data pointers, and its
 calls to ATen kernels (extern mm, convolution) take the C++ eager path like any op. Torch
 asks the PrivateUse1 device module for its code generators (`torch.neuron.Scheduling`,
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from device import native
+from adaptive_eager.device import native
 
 from .context import CONTEXT
 from .dynamo_opaque import hide_late_module

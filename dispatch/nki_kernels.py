@@ -26,8 +26,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from device import native
-from device import nki as device_nki
+from adaptive_eager.device import native
+from adaptive_eager.device import nki as device_nki
 
 from .context import CONTEXT
 from .custom_kernels import custom_kernel

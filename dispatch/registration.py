@@ -7,11 +7,11 @@ import threading
 
 import torch
 
-import device as neuron_device
-from device import native
-from device.torch_module import build_module
+import adaptive_eager.device as neuron_device
+from adaptive_eager.device import native, settings
+from adaptive_eager.device.torch_module import build_module
 
-from . import attention, autocast, builtin_kernels, distributed
+from . import attention, autocast, builtin_kernels, distributed, refusal
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 
@@ -47,11 +47,10 @@ def register() -> None:
                 f"PrivateUse1 is already registered as {current!r} in this process, so adaptive-eager cannot "
                 f"register 'neuron'. Only one PrivateUse1 backend can be loaded per process; "
                 f"disable the other one (or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and import one explicitly).")
-        runtime = neuron_device.get_runtime()  # reads (and checks) every device setting
+        settings.check_all()  # every variable, before anything registers: Note [A bad setting fails at first use]
+        runtime = neuron_device.get_runtime()
         # The autoload met a bad setting that is fixed now: Note [A bad setting fails at first use].
-        import _adaptive_eager_autoload
-
-        _adaptive_eager_autoload.withdraw_refusal()
+        refusal.withdraw_refusal()
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
         torch.utils.generate_methods_for_privateuse1_backend()
         module = build_module(runtime)
@@ -60,12 +59,11 @@ def register() -> None:
         torch._register_device_module(BACKEND_NAME, module)
         # The guard and hooks in C++, not torch's Python ones: Note [C++ device guard].
         runtime.install()
-        # Every op of a neuron tensor runs in C++ (csrc/eager.cpp) unless the engine takes it.
+        # Every op of a neuron tensor runs in C++ (csrc/aten/eager.cpp) unless the engine takes it.
         runtime.install_eager()
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)
-        # The device's own kernels (one launch each way): Note [Custom kernels on native
-        # tensors] in custom_kernels.py.
+        # The device's own kernels (one launch each way): Note [Custom kernels run whole] in custom_kernels.py.
         attention.register(lib)
         builtin_kernels.register(lib)
         autocast.register(lib)

@@ -3,7 +3,7 @@ import torch
 
 import adaptive_eager
 from adaptive_eager.mode import SWITCH
-from device import stream
+from adaptive_eager.device import stream
 
 DEFAULT_MODE = adaptive_eager.get_mode()  # NEURON_ADAPTIVE_EAGER's, before any test ran
 

@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed.py, started by `torchrun --nproc-per-node=2` (127.0.0.1).
+"""One rank of tests/integrations/test_distributed.py, started by `torchrun --nproc-per-node=2` (127.0.0.1).
 
 Usage: distributed_worker.py OUT_DIR [--default-init]. Each rank writes OUT_DIR/rank<N>.json
 with what it observed; the tests assert on those files. Checks that would stop the run are
@@ -232,7 +232,7 @@ class _PartlyUsed(nn.Module):
 
 def ddp_options_needing_pinned_memory(rank: int) -> dict:
     """DDP's reducer keeps its used-parameter map in pinned host memory for these options
-    (the device's host allocator: device/csrc/pinned_memory.cpp). Parameters after a few
+    (the device's host allocator: device/csrc/runtime/pinned_memory.cpp). Parameters after a few
     steps, on neuron and on CPU (gloo), for each option."""
     cpu_group = dist.new_group(backend="gloo")
     out = {}

@@ -28,10 +28,10 @@ def child_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def run_python(code: str, env: dict[str, str] | None = None,
-               timeout: float = SUBPROCESS_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run code with `python -c` in child_env(env)."""
+               timeout: float = SUBPROCESS_TIMEOUT_S, cwd=None) -> subprocess.CompletedProcess:
+    """Run code with `python -c` in child_env(env), in the folder cwd (default: ours)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=child_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def start_json(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -55,10 +55,10 @@ def result_of(proc: subprocess.Popen, timeout: float = SUBPROCESS_TIMEOUT_S):
     return _parse(proc.returncode, out, err)
 
 
-def run_json(code: str, env: dict[str, str] | None = None, timeout: float = SUBPROCESS_TIMEOUT_S):
+def run_json(code: str, env: dict[str, str] | None = None, timeout: float = SUBPROCESS_TIMEOUT_S, cwd=None):
     """Run code that calls `emit(obj)` once; return obj. Fails loudly with the child's
     stderr if the child did not exit cleanly."""
-    proc = run_python(_PRELUDE + textwrap.dedent(code), env, timeout)
+    proc = run_python(_PRELUDE + textwrap.dedent(code), env, timeout, cwd)
     return _parse(proc.returncode, proc.stdout, proc.stderr)
 
 

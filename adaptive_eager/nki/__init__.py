@@ -22,12 +22,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from device.nki import KernelProfile, NkiValidationError, isa, jit, language, simulate
-from device.nki import constants as _constants
-from device.nki import nki_typing as typing
-from device.nki.dtypes import NkiDType as dtype
-from device.nki.kernel import Kernel
-from dispatch.nki_kernels import nki_op, run_with_timeline
+from adaptive_eager.device.nki import KernelProfile, NkiValidationError, isa, jit, language, simulate
+from adaptive_eager.device.nki import constants as _constants
+from adaptive_eager.device.nki import nki_typing as typing
+from adaptive_eager.device.nki.dtypes import NkiDType as dtype
+from adaptive_eager.device.nki.kernel import Kernel
+from adaptive_eager.dispatch.nki_kernels import nki_op, run_with_timeline
 
 # the NKI simulator's own name for simulate (the NKI library's harness calls it)
 cpu_simulate = simulate

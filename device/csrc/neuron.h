@@ -214,7 +214,7 @@ void refund(c10::DeviceIndex d, double op_us, int64_t num_ops);
 Counters counters(c10::DeviceIndex d);
 void reset_counters();
 
-// eager.cpp: the eager path of native neuron tensors (CPU kernels on device memory), with the
+// eager.cpp: the eager path of neuron tensors (CPU kernels on device memory), with the
 // cost model's figures.
 // `converted`: the dtypes whose matmuls are priced as converted, and why (warned once each).
 struct Rates {  // µs per unit by ScalarType code, else the default
@@ -292,7 +292,7 @@ std::shared_ptr<const DeferPlan> plan_from_meta(const c10::OperatorHandle& op, c
                                                 const DeferPlan& generic);
 // The output of an elementwise op on these inputs (meta tensors), as TensorIterator makes it.
 at::Tensor pointwise_output(const std::vector<at::Tensor>& inputs, at::ScalarType dtype);
-// The route decides for each op of a native tensor: true if it handled the op (ran it, or
+// The route decides for each op of a neuron tensor: true if it handled the op (ran it, or
 // queued it with enqueue), false to have the eager path run it. Empty: every op is eager.
 using OpRoute = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;
 void set_route(OpRoute route);

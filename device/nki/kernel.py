@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import dtypes as dt
+from .. import settings
 from .errors import NkiValidationError
 from .lockstep import run_programs
 from .program import Launch, Program, running
@@ -114,8 +114,7 @@ def _has_device_tensor(args, kwargs) -> bool:
 
 
 def logical_cores() -> int:
-    raw = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 2
+    return settings.read("NEURON_LOGICAL_NC_CONFIG")
 
 
 def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):

@@ -12,7 +12,8 @@ moving free size <= 512 on v2/v3, up to 4096 fp32 elements on v4: all 8 PSUM ban
 from __future__ import annotations
 
 import dataclasses
-import os
+
+from .. import settings
 
 KiB = 1024
 
@@ -44,12 +45,8 @@ _NAMES = {"trn1": 2, "inf2": 2, "gen2": 2, "trn2": 3, "gen3": 3, "trn3": 4, "gen
 
 def current_target(profile_name: str | None = None) -> Target:
     """The target of a kernel called now: the override if set, else the device profile's."""
-    raw = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip().lower()
-    if raw:
-        if raw not in _NAMES:
-            raise ValueError(
-                f"NEURON_PLATFORM_TARGET_OVERRIDE={raw!r} is not a NeuronCore target; "
-                f"use one of {', '.join(sorted(_NAMES))}, or unset it to follow NEURON_PROFILE.")
-        return TARGETS[_NAMES[raw]]
-    name = (profile_name or os.environ.get("NEURON_PROFILE", "trn2")).strip().lower()
-    return TARGETS[_NAMES.get(name, 3)]
+    override = settings.read("NEURON_PLATFORM_TARGET_OVERRIDE")
+    if override:
+        return TARGETS[_NAMES[override]]
+    name = profile_name or settings.read("NEURON_PROFILE")
+    return TARGETS[_NAMES.get(name.strip().lower(), 3)]

@@ -98,7 +98,7 @@ def test_float8_training_matmuls_are_scaled_fp8_launches_on_neuron():
 _STEP_TIMES = """
     import json, warnings, torch, adaptive_eager
     from torch import nn
-    from device import native
+    from adaptive_eager.device import native
     from torchao.float8 import convert_to_float8_training
     warnings.filterwarnings("ignore")
     MATMULS = {"aten::mm", "aten::_scaled_mm"}

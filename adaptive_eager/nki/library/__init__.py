@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from dispatch.nki_kernels import nki_op
+from adaptive_eager.dispatch.nki_kernels import nki_op
 
 from .attention import flash_attention_backward, flash_attention_forward
 from .moe import moe_backward, moe_forward

@@ -1,0 +1,963 @@
+"""The adaptive engine: record the op stream, find what repeats, replay it as one launch.
+
+States (one engine, one state at a time, guarded by a lock):
+- RECORDING: no trace is being matched. Each op runs eagerly, goes into the history and
+  the period detector; if a cached trace starts with it, matching begins instead.
+- MATCHING: `self.pending` holds a trace and how far the stream has followed it. An op
+  that matches the next position is deferred; when the trace completes, it launches as one.
+  A shape-generic trace (Note [Shape-generic traces] in generic.py) matches by how sizes
+  relate, not by their values; a second detector, on size-erased keys, finds its unit.
+
+Ops reach the engine through the C++ route (csrc/engine/route.cpp) while adaptive mode is on: the
+C++ eager path hands each op of a neuron tensor to `route`. Deferral is what it is on an
+asynchronous accelerator (Note [Deferred launches] in device/csrc/engine/queue.cpp): an op that
+matches the next position of the trace is queued in C++ with the trace's output geometry (a
+DeferPlan) and its results are handed out at once, as neuron tensors whose bytes the launch
+will make. When the trace completes, or at a sync point, the queue runs as one launch.
+
+- dataflow is not part of matching: a queued op holds its arguments themselves (their
+  bytes, or the deferred outputs they are), so the launch reads what earlier ops wrote;
+  the signature (shapes, strides, dtypes, structural arguments) fixes every output's
+  geometry, which is all that is handed out early. Recorded ops still note which earlier
+  op wrote each input's bytes, for the trace's cut (_quietest_cut);
+- host reads need no Python hooks: the C++ host accesses (copies to or from the host,
+  `item()`, resize_) call `_host_sync` while the engine is attached, a sync point each;
+- a complete trace of C++ kernels runs on the device stream, beside the host (Note [The
+  device stream] in csrc/engine/queue.cpp); each op is priced as in eager mode, one launch
+  overhead for them all.
+
+Note [Sync points]: an op that must run now (a host read, a transfer, a data-dependent
+shape, a Python value result, a resize) launches whatever is pending first, then runs
+eagerly; matching continues after it with the rest of the trace. A mismatching op
+(divergence) launches the pending prefix, ends the match, and is handled afresh.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+
+import cachetools
+import torch
+
+from adaptive_eager.device import native, stream
+from adaptive_eager.device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
+                              sync_range)
+from adaptive_eager.dispatch import Executor, classify
+from adaptive_eager.engine.record import OpRecord, signature_difference, user_source_line
+
+from .matchers import compile_matcher
+from .config import EngineConfig
+from .detector import PeriodDetector
+from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
+                      erased_signature, generic_difference)
+from .pending import Pending, launch_error
+from .trace import Trace, build_proto, build_trace, output_slots
+
+_RECENT = 20  # divergences and flushes kept for explain()
+_MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
+_NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
+_NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
+_MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
+_SHAPES_REPEATING = 16  # ops repeated by size-erased keys before new sizes stop counting as novelty
+
+
+class EngineCounters:
+    def __init__(self):
+        self.fused_launches = 0
+        self.fused_ops = 0
+        self.trace_hits = 0
+        self.divergences = 0
+        self.switches = 0  # matches handed to another trace with the same prefix (_switch_trace)
+        self.generic_traces = 0  # shape-generic traces adopted (Note [Shape-generic traces])
+        self.stream_launches = 0  # fused launches run on the device stream
+        self.flushes: collections.Counter = collections.Counter()
+
+
+class _TraceCache(cachetools.LRUCache):
+    """Traces by key, least recently used evicted; keeps the index of first signatures."""
+
+    def __init__(self, maxsize: int):
+        super().__init__(maxsize)
+        self.by_start: dict[tuple, list[Trace]] = {}
+        # The same traces by their first op's OpOverload: the fast start (Engine._fast_start)
+        # tries their generated first-position matchers without describing the call.
+        self.by_first_op: dict = {}
+
+    def add(self, trace: Trace) -> None:
+        self[trace.key] = trace
+        for index, key in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
+            starts = index.setdefault(key, [])
+            starts.append(trace)
+            starts.sort(key=len, reverse=True)  # the longest match wins
+
+    def demote(self, trace: Trace) -> None:
+        """Note [A diverging trace yields its start]: try trace after the others that start alike."""
+        for index, k in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
+            starts = index.get(k, [])
+            if len(starts) > 1 and trace in starts:
+                starts.remove(trace)
+                starts.append(trace)
+
+    def popitem(self):
+        key, trace = super().popitem()
+        self._unindex(trace)
+        return key, trace
+
+    def remove(self, trace: Trace) -> None:
+        if self.pop(trace.key, None) is not None:
+            self._unindex(trace)
+
+    def _unindex(self, trace: Trace) -> None:
+        for index, k in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
+            starts = index.get(k, [])
+            if trace in starts:
+                starts.remove(trace)
+
+
+class _Barrier:
+    """A sync op in the history (it ran eagerly, unseen): what the detector and _adopt read."""
+
+    __slots__ = ("signature", "name", "erased")
+    barrier = True
+    device = None
+    out_specs = ()
+
+    def __init__(self, signature, name):
+        self.signature = signature
+        self.name = name
+        self.erased = (erase_key(signature), None)  # what the shape detector sees
+
+
+_HOST_ACCESS = _Barrier(("host access",), "host access")
+_SYNC_MARK = _Barrier(("torch.neuron.synchronize",), "synchronize")
+
+
+class AdaptiveExecutor(Executor):
+    """The engine: `route` is what the C++ route calls per op while adaptive mode is on."""
+
+    name = "adaptive"
+
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config or EngineConfig.from_env()
+        self._lock = threading.RLock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every trace and all history (what is pending is launched first)."""
+        if getattr(self, "pending", None) is not None:
+            self._flush("reset")
+        if getattr(self, "inflight", None) is not None:
+            self.drain()
+        cfg = self.config
+        self.cache = _TraceCache(cfg.cache_size)
+        self.detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
+                                       unit_min=cfg.min_trace_len)
+        # Note [Shape-generic traces] (generic.py): the same, on size-erased keys.
+        self.shape_detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
+                                             unit_min=cfg.min_trace_len)
+        # Two periods of the longest unit: what _adopt reads when a period fires.
+        self.history: collections.deque = collections.deque(maxlen=2 * cfg.max_period)
+        self.key_ids: dict[tuple, int] = {}
+        self.erased_ids: dict[tuple, int] = {}
+        # (period, entries still to come): a shape period fired, and its two sightings are
+        # taken once they start at the stream's own cut (_plan_generic).
+        self._generic_wait: tuple[int, int] | None = None
+        self.protos: dict[tuple, object] = {}
+        self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
+        self.pending: Pending | None = None
+        # The launch running on the device stream (Note [The device stream]), if any.
+        self.inflight: Pending | None = None
+        self.position = 0  # stream position of the next op
+        self.counters = EngineCounters()
+        self.recent_divergences: collections.deque = collections.deque(maxlen=_RECENT)
+        self.recent_flushes: collections.deque = collections.deque(maxlen=_RECENT)
+        self.error: Exception | None = None
+        self._warned = False
+        # (trace, stream position): a just-adopted trace takes over when the stream gets there
+        self._enter_at: tuple[Trace, int] | None = None
+        # Note [When detection pauses]: after this many ops in a row ran inside completed
+        # traces, detection pauses: the steady-state cost per op is then matching alone. A
+        # unit longer than every cached trace may not have repeated twice by then: a 64-layer
+        # model's per-layer backward traces alone filled the first 1,024 ops, its head then
+        # diverged, and its 1,882-op step ran as 154 launches for ever. So each time a pause
+        # ends at a divergence, the next one waits twice as long (_resume_detection), up to
+        # the ops that two repetitions of the longest unit take.
+        self._steady = 0
+        self._pause_after = _MIN_PAUSE_AFTER
+        self._max_pause_after = max(_MIN_PAUSE_AFTER, cfg.repeats * cfg.max_period)
+        # The longest stretch without a sync point since detection last resumed: no trace is
+        # longer, so a pause need not wait for more than a few of them (_resume_detection).
+        self._last_sync_at = 0
+        self._longest_unsynced = 0
+        # Novelty backoff (see _count_novelty): ops left to run without recording.
+        self._backoff = 0
+        self._backoff_len = _NOVELTY_WINDOW
+        self._window_ops = self._window_novel = self._novel_windows = 0
+        native.forget_producers()  # positions of the history just dropped
+
+    def reset_counters(self) -> None:
+        self.counters = EngineCounters()
+
+    # -- the route's two ends ----------------------------------------------------------------
+    def attach(self) -> None:
+        native.set_host_sync(self._host_sync)
+        native.set_engine(self.route, self.issue_failed)
+
+    def detach(self) -> None:
+        native.set_engine(None)
+
+    def drain(self) -> None:
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Wait for the launch on the device stream; its error is raised at the next sync point."""
+        p = self.inflight
+        if p is None and not native.launch_in_flight():
+            return
+        self.inflight = None
+        try:
+            native.finish_launch()
+        except Exception as exc:
+            self.error = exc if p is None else launch_error(p.trace, max(native.failed_index(), 0), exc)
+            native.set_failure(str(self.error), type(self.error).__name__, True)
+
+    def synchronize(self, device_index) -> None:
+        """An explicit sync ends the match, unlike a read: matching on after it would keep
+        the launched ops' results (device memory) until the trace's next op arrives."""
+        with self._lock:
+            self._flush("synchronize")
+            self.pending = None
+            self._note_sync()
+            if self._steady < self._pause_after:
+                # A cut of the stream, as a sync op is: in the history as a barrier, so a
+                # loop that synchronizes every step gets a trace that starts right after it
+                # (not at the quietest cut, which a sync would then split every step).
+                self._advance(_SYNC_MARK, ())
+            self._raise_error()
+
+    def _host_sync(self, reason: str = "host read") -> None:
+        """A host access (a copy to or from the host, item(), resize_): a sync point, and a
+        cut of the stream as a sync op is (Note [Sync points])."""
+        with self._lock:
+            self._flush(reason)
+            self._note_sync()
+            if self._steady < self._pause_after:
+                self._advance(_HOST_ACCESS, ())
+            else:
+                self.position += 1
+            self._raise_error()
+
+    def route(self, func, args, kwargs):
+        info = getattr(func, "_neuron_info", None) or classify(func)
+        with self._lock:
+            try:
+                p = self.pending
+                if p is not None and p.pos == len(p.trace.protos):  # builtin len: once per op
+                    self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
+                if self.config.launch_blocking:
+                    return native.RUN_EAGER
+                if info.is_host_read or info.may_resize or info.is_collective or (
+                        info.has_data_dependent_shape and not info.static_shape_for(args)):
+                    return self._sync_op(info, func, args, kwargs)
+                out = self._fast_paths(info, func, args, kwargs)
+                if out is not _NO_MATCH:
+                    return out
+                if self.inflight is not None:  # what follows may run ops now or record them
+                    self._drain()
+                try:
+                    rec = OpRecord.from_call(func, args, kwargs)
+                except Exception:  # arguments we cannot describe: run it now
+                    return self._sync_op(info, func, args, kwargs)
+                return self._match_or_record(info, rec, args, kwargs)
+            except Exception:
+                raise
+            except BaseException:
+                self._end_match("interrupted")
+                raise
+
+    def issue_failed(self, reason: str = "out of memory") -> None:
+        """The route could not queue an op the engine deferred: making its outputs ran out of
+        device memory (they are charged at issue, where eager mode allocates them), and the
+        op raises as in eager mode; or a shape-generic position's op has no shape function
+        (Note [Plans from shape functions]), and it runs now. The match ends as at an
+        interrupt (Note [Interrupted issue]): the op was counted, not queued."""
+        with self._lock:
+            self._end_match(reason)
+
+    def _end_match(self, reason: str) -> None:
+        """Note [Interrupted issue]: a KeyboardInterrupt (Ctrl-C; SystemExit too) is raised
+        between any two bytecodes of the engine, so it can stop an op half matched: the
+        position counted but the op not queued (route raises, the op never runs), or queued
+        with its trace's completion not run. Ending the match restores what holds between
+        ops: the ops really queued run (one launch, as at a divergence) and matching starts
+        afresh. A completion that never ran is caught at the next op instead (route's first
+        lines). Results stay eager's: the queue holds exactly the ops that were issued."""
+        p = self.pending
+        self.pending = None
+        if p is not None:
+            self.recent_flushes.append(f"{reason}: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
+            self.counters.flushes[reason] += 1
+            self._launch(p)
+        self._resume_detection()
+
+    def _fast_paths(self, info, func, args, kwargs):
+        """The per-op paths that describe nothing: backing off, starting a cached trace by its
+        generated first-position matcher, or matching the next position (the steady state)."""
+        if self._enter_at is not None:
+            return _NO_MATCH
+        p = self.pending
+        if p is None:
+            if self._backoff:
+                return self._run_backing_off(info, args, kwargs)
+            starts = self.cache.by_first_op.get(func)
+            if starts:
+                return self._fast_start(starts, func, args, kwargs)
+        elif p.done != p.pos:
+            return self._match_fast(p, func, args, kwargs)
+        return _NO_MATCH
+
+    def _match_or_record(self, info, rec: OpRecord, args, kwargs):
+        """The slow path: rec continues the match, starts a cached trace, or runs eagerly."""
+        if self.pending is not None or self._enter_at is not None:
+            out = self._continue_match(rec, args, kwargs)
+            if out is not _NO_MATCH:
+                return out
+        out = self._try_start(rec, args, kwargs)
+        if out is not _NO_MATCH:
+            return out
+        return self._record_eager(info, rec, args, kwargs)
+
+    # -- matching and deferring --------------------------------------------------------------
+    def _continue_match(self, rec: OpRecord, args, kwargs):
+        if self._enter_at is not None and self._enter_at[1] <= self.position:
+            # A longer trace was just adopted, and the stream is at its start now.
+            (trace, at), self._enter_at = self._enter_at, None
+            if at == self.position:
+                self._flush("longer trace adopted")
+                self.pending = None
+                return self._start(trace, rec, args, kwargs)
+        p = self.pending
+        if p is None:
+            return _NO_MATCH
+        if p.done == p.pos:
+            # Right after a sync point: a cached trace that starts here and runs longer than
+            # the rest of this one is the better continuation (the sync is its boundary).
+            for trace in self.cache.by_start.get(rec.signature, ()):
+                if len(trace) > len(p.trace) - p.pos and trace is not p.trace:
+                    self.pending = None
+                    out = self._start(trace, rec, args, kwargs)
+                    if out is not _NO_MATCH:
+                        return out
+                    self.pending = p
+        out = self._match_one(p, rec, args, kwargs)
+        if out is _NO_MATCH:
+            out = self._switch_trace(p, rec, args, kwargs)
+        if out is _NO_MATCH:
+            self._diverge(p, rec)
+        return out
+
+    def _switch_trace(self, p: Pending, rec: OpRecord, args, kwargs):
+        """Traces that start alike (a `t` begins many) share their first ops: when the one
+        being matched diverges, another cached trace with the very same prefix (signatures
+        and dataflow) that matches this op takes over the match, with everything deferred
+        or launched so far. Without it the longest trace, tried first, diverged at every
+        occurrence of its first op that begins a shorter trace."""
+        if p.done or p.trace.generic:
+            # A launched prefix freed its values by this trace's last reads; another trace
+            # may read them later (a random-program search found it): no hand-over then.
+            # (A generic trace's symbols are its own: none is handed over either.)
+            return _NO_MATCH
+        k = p.pos
+        prefix = p.trace.key.parts[:k]
+        for trace in self.cache.by_start.get(p.trace.protos[0].signature, ()):
+            if (trace is p.trace or len(trace) <= k or trace.protos[k].signature != rec.signature
+                    or trace.key.parts[:k] != prefix):
+                continue
+            old = p.trace
+            p.switch(trace)
+            out = self._match_one(p, rec, args, kwargs)
+            if out is not _NO_MATCH:
+                self.counters.switches += 1
+                return out
+            p.switch(old)
+        return _NO_MATCH
+
+    def _try_start(self, rec: OpRecord, args, kwargs):
+        for trace in self.cache.by_start.get(rec.signature, ()):
+            out = self._start(trace, rec, args, kwargs)
+            if out is not _NO_MATCH:
+                self.cache.get(trace.key)  # touch: recently used
+                return out
+        for trace in self.cache.by_first_op.get(rec.func, ()):
+            if trace.generic:
+                out = self._start(trace, rec, args, kwargs)
+                if out is not _NO_MATCH:
+                    self.cache.get(trace.key)
+                    return out
+        return _NO_MATCH
+
+    def _start(self, trace, rec, args, kwargs):
+        if not trace.generic and trace.protos[0].signature != rec.signature:
+            return _NO_MATCH
+        p = self.pending = Pending(trace, self.position)
+        out = self._match_one(p, rec, args, kwargs)
+        if out is _NO_MATCH:
+            self.pending = None
+        return out
+
+    def _fast_start(self, starts, func, args, kwargs):
+        """Start matching a cached trace with its generated first-position matcher: the
+        steady-state way into a trace, without describing the call as an OpRecord. The
+        matcher checks what the signature holds, so it accepts exactly what _try_start would."""
+        for trace in starts:
+            p = self.pending = Pending(trace, self.position)
+            out = self._match_fast(p, func, args, kwargs)
+            if out is not _NO_MATCH:
+                self.cache.get(trace.key)  # touch: recently used
+                return out
+        self.pending = None
+        return _NO_MATCH
+
+    def _match_fast(self, p: Pending, func, args, kwargs):
+        """Match the next position with its generated matcher (compile.py, native=True): the
+        call's metadata against the signature, without describing it as an OpRecord."""
+        k = p.pos
+        trace = p.trace
+        proto = trace.protos[k]
+        if proto.info.op is not func:
+            return _NO_MATCH
+        match = proto.matcher
+        if match is None:
+            match = proto.matcher = compile_generic_matcher(proto) if trace.generic else compile_matcher(proto)
+        if match(args, kwargs, p) is None:
+            return _NO_MATCH
+        return self._defer(p, proto)
+
+    def _match_one(self, p: Pending, rec: OpRecord, args, kwargs):
+        if p.trace.generic:
+            return self._match_fast(p, rec.func, args, kwargs)
+        proto = p.trace.protos[p.pos]
+        if proto.signature != rec.signature:
+            return _NO_MATCH
+        return self._defer(p, proto)
+
+    def _defer(self, p: Pending, proto):
+        """Queue the op at p.pos (the C++ route does it with the plan returned here)."""
+        if self._steady >= self._pause_after:
+            position = self.position
+            self.position += 1
+        else:
+            position = self._advance(GenericSighting(proto, p.syms) if p.trace.generic else proto, _MATCHED)
+        p.positions.append(position)
+        if p.trace.sources[p.pos] is None:
+            p.trace.sources[p.pos] = user_source_line() or "(autograd engine)"
+        p.pos += 1
+        if p.complete:  # launched once the route has queued this last op
+            return proto.plan, lambda: self._after_last_op(p)
+        return proto.plan
+
+    def _after_last_op(self, p: Pending) -> None:
+        with self._lock:
+            try:
+                if self.pending is p:
+                    self._complete(p)
+            except Exception:
+                raise
+            except BaseException:  # Note [Interrupted issue]
+                self._end_match("interrupted")
+                raise
+
+    def _complete(self, p: Pending) -> None:
+        self._steady += len(p.trace)
+        p.trace.hits += 1
+        self.counters.trace_hits += 1
+        self._launch(p)
+        self.pending = None
+
+    def _diverge(self, p: Pending, rec: OpRecord) -> None:
+        expected = p.trace.protos[p.pos]
+        self.counters.divergences += 1
+        p.trace.divergences += 1
+        where = user_source_line() or "(autograd engine)"
+        if p.trace.generic:
+            differs = generic_difference(expected, rec, p.syms)
+        else:
+            differs = signature_difference(expected.signature, rec.signature)
+        if expected.info.op is rec.func:  # the same op: say which argument differed
+            differs = f"{expected.name} with {differs}" if differs else f"{expected.name} (its dataflow differed)"
+        self.recent_divergences.append(f"trace {p.trace.id} at op {p.pos + 1} of {len(p.trace)}: {differs} at {where}")
+        # Note [A diverging trace yields its start]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # Traces that start alike are tried longest first, and a match that diverges hands
+        # over to another with the same prefix (_switch_trace), but not once part of it has
+        # launched (at a sync point inside it). Two phases whose steps start alike and part
+        # after a sync (a server's prefill steps and decode steps: the same input preparation,
+        # then different token counts) then had the longer trace tried first at every step of
+        # the other phase, diverging each time, so the other phase's trace was adopted but
+        # never reached (0 hits; 40 launches per decoded token of a 2-layer Llama served by
+        # vLLM). The trace that diverged goes behind the others that start alike: the next
+        # step tries the trace the stream last followed first, and a change of phase costs
+        # one divergence instead of one per step.
+        self.cache.demote(p.trace)
+        self._flush("divergence")
+        self.pending = None
+        self._resume_detection()
+
+    def _resume_detection(self) -> None:
+        """The stream left the cached traces: look for repetition again, from here on."""
+        if self._steady >= self._pause_after:
+            self.history.clear()
+            self.detector.forget()
+            # Note [When detection pauses]: it paused too soon if this recurs every step (a
+            # deep model's identical layers matched back to back, then its head diverging):
+            # wait twice as long before the next pause, up to what the longest unit needs.
+            # No unit is longer than the longest stretch between sync points: generate()
+            # reads the host every token and ends each call with a divergence, and doubling
+            # on that had detection never pause again (half the engine's cost per token).
+            unit = max(self._longest_unsynced, self.position - self._last_sync_at)
+            limit = max(_MIN_PAUSE_AFTER, min(self._max_pause_after, 2 * self.config.repeats * unit))
+            self._pause_after = min(2 * self._pause_after, limit)
+            self._longest_unsynced = 0
+        self._steady = 0
+
+    # -- launching ----------------------------------------------------------------------------
+    def _launch(self, p: Pending) -> None:
+        # One launch on the stream at a time: the stream is in order. (One may be in flight
+        # that self.inflight does not know of: an interrupt right after its submit.)
+        if self.inflight is not None or native.launch_in_flight():
+            self._drain()
+        if p.done == 0 and p.complete and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
+            if native.submit_queue():  # Note [The device stream] (csrc/engine/queue.cpp)
+                self.inflight = p
+                p.done = p.pos
+                self.counters.fused_launches += 1
+                self.counters.fused_ops += len(p.trace)
+                self.counters.stream_launches += 1
+            return
+        start = p.done
+        try:
+            n = native.run_queue() if not profiler_enabled() else _run_queue_profiled(p)
+        except Exception as exc:  # an op's own error: raised at the next sync point
+            k = start + max(native.failed_index(), 0)
+            self.error = launch_error(p.trace, k, exc)
+            native.set_failure(str(self.error), type(self.error).__name__, True)
+            p.pos = p.done = k
+            self.pending = None
+            return
+        p.done = p.pos
+        if n:
+            self.counters.fused_launches += 1
+            self.counters.fused_ops += n
+
+    def _flush(self, reason: str) -> None:
+        """A sync point: launch everything pending (matching, if any, continues after the
+        launched prefix), then wait for the launch on the device stream."""
+        if profiler_enabled():  # a sync point is a range even when nothing was pending
+            p = self.pending
+            with sync_range(reason, 0 if p is None else p.pos - p.done):
+                self._flush_pending(reason)
+                self._drain()
+            return
+        self._flush_pending(reason)
+        self._drain()
+
+    def _flush_pending(self, reason: str) -> None:
+        p = self.pending
+        if p is None or p.done == p.pos:
+            return
+        self.counters.flushes[reason] += 1
+        self.recent_flushes.append(f"{reason}: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
+        self._launch(p)
+
+    def _note_sync(self) -> None:
+        self._longest_unsynced = max(self._longest_unsynced, self.position - self._last_sync_at)
+        self._last_sync_at = self.position
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            native.set_failure("", "", False)
+            err, self.error = self.error, None
+            raise err
+
+    # -- ops that run now -------------------------------------------------------------------
+    def _sync_op(self, info, func, args, kwargs):
+        self._flush(f"sync: {info.name}")
+        self._note_sync()
+        self._raise_error()
+        if self._steady < self._pause_after:
+            try:
+                signature = OpRecord.from_call(func, args, kwargs).signature
+            except Exception:  # undescribable arguments: the op stays out of the history
+                self.detector.forget()
+                return native.RUN_EAGER
+            barrier = self.barriers.get(signature)
+            if barrier is None:
+                barrier = self.barriers[signature] = _Barrier(signature, info.name)
+            self._advance(barrier, ())
+        else:
+            self.position += 1
+        return native.RUN_EAGER
+
+    def _run_backing_off(self, info, args, kwargs):
+        if self.inflight is not None:
+            self._drain()
+        self._backoff -= 1
+        if not self._backoff:
+            self.history.clear()
+            self.detector.forget()
+        return native.RUN_EAGER
+
+    def _record_eager(self, info, rec: OpRecord, args, kwargs):
+        if self.pending is not None:  # an op between a sync and the trace's rest: launch first
+            self._flush("divergence")
+            self.pending = None
+        return native.RUN_EAGER, lambda out: self._recorded(info, rec, out, args, kwargs)
+
+    def _recorded(self, info, rec: OpRecord, out, args, kwargs) -> None:
+        """The route ran a recorded op on the eager path: into the history with its results."""
+        with self._lock:
+            self._resume_detection()
+            try:
+                proto = self._proto(info, rec, out, args, kwargs, barrier=False)
+                producer_of = native.producer_of
+                inputs = tuple(producer_of(v) if isinstance(v, torch.Tensor) and not v.is_cpu else None
+                               for v in rec.values)
+                position = self._advance(proto, inputs)
+                if not proto.barrier:  # its output slots are its out_specs (a barrier's may not be)
+                    for slot, o in enumerate(output_slots(info, out, args, kwargs)):
+                        native.note_producer(o, position, slot)
+            except Exception as exc:
+                self._warn(exc)
+
+    def _count_novelty(self, new_signature: bool) -> None:
+        """Back off from recording while most ops have never-seen signatures (shapes that
+        never repeat): recording them costs ~1.5x eager and cannot find a trace."""
+        self._window_ops += 1
+        self._window_novel += new_signature
+        # After a backoff, a short sample decides whether the stream is still new.
+        if self._window_ops < (_NOVELTY_SAMPLE if self._novel_windows >= 2 else _NOVELTY_WINDOW):
+            return
+        if 4 * self._window_novel > self._window_ops:  # over a quarter never seen before
+            self._novel_windows += 1
+            if self._novel_windows >= 2:  # a program's first ops are all new: not a sign
+                self._backoff = self._backoff_len
+                self._backoff_len = min(4 * self._backoff_len, _MAX_BACKOFF)
+        else:
+            self._novel_windows = 0
+            self._backoff_len = _NOVELTY_WINDOW
+        self._window_ops = self._window_novel = 0
+
+    def _proto(self, info, rec, out, args, kwargs, barrier: bool):
+        proto = self.protos.get(rec.signature)
+        if proto is None:
+            proto = self.protos[rec.signature] = build_proto(info, rec, out, args, kwargs)
+            # New sizes of a known op sequence that has been repeating (a growing cache) are
+            # no novelty: the shape detector is about to find it (Note [Shape-generic traces]).
+            # New sizes in an order that never repeats are, as ever.
+            self._count_novelty(erased_signature(proto) not in self.erased_ids
+                                or self.shape_detector.longest_run() < _SHAPES_REPEATING)
+        else:
+            self._count_novelty(False)
+        return proto
+
+    # -- history and detection ----------------------------------------------------------------
+    def _advance(self, proto, producers) -> int:
+        """Append one op to the history; adopt traces when a period fires. Returns its position."""
+        position = self.position
+        self.position += 1
+        if self._steady >= self._pause_after:
+            return position  # detection paused: the stream is fully covered by traces
+        self.history.append((position, proto, producers))
+        # An op a generic trace matched is keyed as the same op run eagerly would be: the
+        # exact detector sees one stream however its ops were matched.
+        signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
+        key = self.key_ids.get(signature)
+        if key is None:
+            if len(self.key_ids) > 100_000:  # never-repeating streams: keep memory bounded
+                self.key_ids.clear()
+                self.protos.clear()
+            key = self.key_ids[signature] = len(self.key_ids)
+        erased = erased_signature(proto)
+        shape_key = self.erased_ids.get(erased)
+        if shape_key is None:
+            if len(self.erased_ids) > 100_000:
+                self.erased_ids.clear()
+            shape_key = self.erased_ids[erased] = len(self.erased_ids)
+        period = self.detector.push(key)
+        shape_period = self.shape_detector.push(shape_key)
+        if period is not None:
+            self._adopt(period)
+        elif shape_period is not None and self._generic_wait is None and self.config.generic_traces:
+            self._plan_generic(shape_period)
+        if self._generic_wait is not None:
+            period, wait = self._generic_wait
+            if wait:
+                self._generic_wait = (period, wait - 1)
+            else:
+                self._generic_wait = None
+                self._adopt_generic(period)
+        return position
+
+    def _drop_superseded(self, window, length: int) -> None:
+        """Generic traces that matched inside a unit just cached whole (a layer of each width
+        in a training step, the rotary embedding of queries and then keys in a token) are
+        superseded by it, and so are shorter ones never matched at all (adopted inside such a
+        unit before it had repeated): evicted, so they neither compete with it nor fill
+        explain(). A phase they belong to that comes back adopts them again."""
+        matched = {e[1].proto.trace for e in window if type(e[1]) is GenericSighting}
+        current = None if self.pending is None else self.pending.trace
+        for trace in [t for starts in self.cache.by_first_op.values() for t in starts]:
+            if trace.generic and len(trace) < length and trace is not current and (trace in matched or not trace.hits):
+                self.cache.remove(trace)
+
+    def _exact_entries(self, entries):
+        """History entries with each op a generic trace matched as its exact proto (known
+        from its eager run), or None if one was never run eagerly with those sizes."""
+        if not any(type(e[1]) is GenericSighting for e in entries):
+            return entries
+        out = []
+        for e in entries:
+            if type(e[1]) is GenericSighting:
+                proto = self.protos.get(e[1].exact_signature())
+                if proto is None:
+                    return None
+                e = (e[0], proto, e[2])
+            out.append(e)
+        return out
+
+    def _plan_generic(self, period: int) -> None:
+        """A period repeated by size-erased keys: its two sightings become a generic trace once
+        the second one ends where a trace should: at a sync point when the step has one,
+        else at the quietest cut (as _adopt rotates an exact period)."""
+        entries = list(self.history)[-2 * period:]
+        if len(entries) < 2 * period:
+            return
+        window = entries[period:]
+        barriers = [i for i, e in enumerate(window) if e[1].barrier]
+        if barriers:
+            # The next sync point one period after the last one: the entries till then.
+            wait = barriers[-1] + 1 if barriers[-1] < period - 1 else 0
+        else:
+            wait = _quietest_cut(entries, period)
+        self._generic_wait = (period, wait)
+
+    def _adopt_generic(self, period: int) -> None:
+        """Note [Shape-generic traces]: the last two periods (the same by size-erased keys) as
+        generic traces, split at sync points."""
+        entries = list(self.history)[-2 * period:]
+        if len(entries) < 2 * period:
+            return
+        first, second = entries[:period], entries[period:]
+        if any(a[1].barrier != b[1].barrier for a, b in zip(first, second)):
+            return
+        runs, start = [], 0
+        for i, e in enumerate(second + [None]):
+            if e is None or e[1].barrier:
+                runs.append((start, i))
+                start = i + 1
+        minimum = self.config.min_trace_len_between_syncs if len(runs) > 1 else self.config.min_trace_len
+        adopted = None
+        for lo, hi in runs:
+            if hi - lo < minimum or all(e[2] is _MATCHED for e in second[lo:hi]):
+                continue  # too short, or a cached trace covers it already
+            if _erased_repeats(second[lo:hi]):
+                # k copies of one shorter unit by erased keys (32 `x.add_(i)` with i = 0..31):
+                # only the ints of arguments changed, and the whole step, an exact unit, is
+                # what repeats. A generic trace of 4 would cut it into 8 launches.
+                continue
+            starts = _equal_parts(hi - lo, self.config.max_trace_len)  # as _cache_unit splits
+            for at in (lo + i for i in starts):
+                end = min(at + starts.step, hi)
+                trace = build_generic_trace(first[at:end], second[at:end])
+                if trace is None:
+                    continue
+                if trace.key in self.cache:
+                    continue
+                self.cache.add(trace)
+                self.counters.generic_traces += 1
+                adopted = adopted or trace
+                self._pause_after = max(self._pause_after, 4 * (hi - lo))
+                self._drop_superseded(second[at:end], len(trace))
+        if adopted is not None and len(runs) == 1 and (self.pending is None or len(self.pending.trace) < len(adopted)):
+            # The stream is at its start now. (Not while a longer trace is matched: a unit
+            # repeating inside it, as rotary embeddings do for queries and keys, must not cut it.)
+            self._enter_at = (adopted, self.position)
+
+    def _adopt(self, period: int) -> None:
+        """The last `period` ops repeated: cache them as traces (split at sync points)."""
+        recent = list(self.history)[-2 * period:]
+        entries = self._exact_entries(recent)
+        if entries is None or len(entries) < 2 * period:
+            return
+        generic = {e[0] for e in recent if type(e[1]) is GenericSighting}
+        window = entries[period:]
+        barriers = [i for i, e in enumerate(window) if e[1].barrier]
+        if barriers:
+            # Rotate so the window starts right after a sync point (the stream's own cut).
+            shift = barriers[0] + 1
+            window = entries[shift:shift + period]
+            segments, run = [], []
+            for e in window:
+                if e[1].barrier:
+                    segments.append(run)
+                    run = []
+                else:
+                    run.append(e)
+            segments.append(run)
+            minimum = self.config.min_trace_len_between_syncs
+        else:
+            cut = _quietest_cut(entries, period)
+            window = entries[cut:cut + period]
+            segments, minimum = [window], self.config.min_trace_len
+        for seg in segments:
+            if len(seg) < minimum or any(e[1].device != seg[0][1].device for e in seg):
+                continue
+            if _repeats_shorter_unit(seg, minimum):
+                continue  # k copies of a shorter unit: that unit's trace covers it
+            if all(e[0] in generic for e in seg):
+                continue  # a generic trace matched all of it: an exact one would serve these sizes only
+            traces = self._cache_unit(seg)
+            if traces is None:
+                continue
+            self._drop_superseded(recent, len(seg))
+            self._pause_after = max(self._pause_after, 4 * len(seg))
+            if not barriers and (self.pending is None or len(self.pending.trace) <= len(seg)):
+                # The stream is periodic: the trace's first op comes `cut` ops from now.
+                # (Not while a longer trace is matched: the unit repeats inside it.)
+                self._enter_at = (traces[0], self.position + cut)
+
+    def _cache_unit(self, seg) -> list[Trace] | None:
+        """seg as cached traces: one, or, when it is longer than the longest trace, the fewest
+        consecutive ones, of equal length. None if all are cached already."""
+        starts = _equal_parts(len(seg), self.config.max_trace_len)
+        traces = [build_trace(seg[i:i + starts.step]) for i in starts]
+        if all(t.key in self.cache for t in traces):
+            return None
+        for t in traces:
+            if t.key not in self.cache:
+                self.cache.add(t)
+        return [self.cache.get(t.key, t) for t in traces]
+
+    # -- failures of the engine itself ------------------------------------------------------------
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"adaptive-eager: the engine failed ({type(exc).__name__}: {exc}); "
+                          f"the affected ops run eagerly. Results stay correct.", RuntimeWarning, stacklevel=3)
+
+
+_NO_MATCH = object()
+
+
+class _Matched(tuple):
+    """The producers of an op a cached trace matched, in the history: none known (as ()),
+    and telling the history that a trace covers it."""
+
+
+_MATCHED = _Matched()
+
+
+def _fused_range(p: Pending):
+    """The profiler range of launching p's ops [done, pos): the trace and op count, and the
+    user's source lines of the first and last op when asked for (Note [Profiler ranges])."""
+    trace, start, end = p.trace, p.done, p.pos
+    if sources_wanted():
+        name = fused_range_name(trace.id, end - start, trace.sources[start], trace.sources[end - 1])
+    else:
+        name = fused_range_name(trace.id, end - start)
+    return profile_range(name, trace=trace.id, ops=end - start,
+                         first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
+
+
+def _copies_of_shorter(keys: list, shortest: int) -> bool:
+    """True if keys are several copies of a sequence of at least `shortest` keys."""
+    n = len(keys)
+    return any(n % q == 0 and all(keys[i] == keys[i - q] for i in range(q, n)) for q in range(shortest, n // 2 + 1))
+
+
+def _erased_repeats(seg) -> bool:
+    """True if the segment's size-erased keys are several copies of a shorter sequence."""
+    return _copies_of_shorter([erased_signature(e[1]) for e in seg], 1)
+
+
+def _repeats_shorter_unit(seg, minimum: int) -> bool:
+    """True if the segment is several copies of a shorter op sequence (by signature).
+
+    Ten training steps between two `item()` calls form one period of the stream, but the
+    unit that repeats is the step."""
+    return _copies_of_shorter([e[1].signature for e in seg], minimum)
+
+
+def _equal_parts(length: int, longest: int) -> range:
+    """Starts of the fewest equal parts of `length` ops, none longer than `longest` (the
+    last may be shorter): how a unit longer than the longest trace is split."""
+    size = -(-length // -(-length // longest))
+    return range(0, length, size)
+
+
+def _quietest_cut(entries, period: int) -> int:
+    """Where to start a trace of a periodic stream: the cut with the fewest intermediate
+    values live across it (in every training loop studied, the step boundary). Tensors
+    updated in place (parameters, optimizer state) outlive every cut and do not count.
+    entries holds two periods; returns an offset in [0, period)."""
+    base = entries[0][0]
+    span: dict[tuple, tuple[int, int]] = {}  # value -> (producer offset, longest distance)
+    for t in range(period, 2 * period):
+        position = entries[t][0]
+        for prod in entries[t][2]:
+            if prod is None:
+                continue
+            distance = position - prod[0]
+            if 0 < distance < period and entries[prod[0] - base][1].out_specs[prod[1]][0] == "new":
+                a = (prod[0] - base) % period
+                old = span.get(prod)
+                if old is None or old[1] < distance:
+                    span[prod] = (a, distance)
+    live = [0] * (period + 1)  # difference array over cuts; a value spans cuts a+1..a+d
+    for a, d in span.values():
+        lo, hi = a + 1, a + d
+        if hi < period:
+            live[lo] += 1
+            live[hi + 1] -= 1
+        else:
+            if lo < period:
+                live[lo] += 1
+                live[period] -= 1
+            live[0] += 1
+            live[hi - period + 1] -= 1
+    counts, running = [], 0
+    for c in range(period):
+        running += live[c]
+        counts.append(running)
+    quietest = [c for c in range(period) if counts[c] == min(counts)]
+    # Several cuts equally quiet (views are not recorded, so the values
+    # they carry count only at their bytes' producers): the one that starts the longest run
+    # of busier cuts, i.e. the trace starts where its longest chain of dataflow starts. In a
+    # training step that is the forward (forward, backward and the optimizer's reads of the
+    # gradients are one chain), not the optimizer's quiet moment between its own updates.
+    def run_after(i: int) -> int:
+        return (quietest[(i + 1) % len(quietest)] - quietest[i] - 1) % period
+    return quietest[max(range(len(quietest)), key=lambda i: (run_after(i), -i))]
+
+
+def _run_queue_profiled(p: Pending) -> int:
+    """run_queue() inside the launch's fused range, its device time nested at the end
+    (Note [Profiler ranges])."""
+    with _fused_range(p):
+        try:
+            return native.run_queue()
+        finally:  # a failed launch still ran (and charged) the ops before the failing one
+            device_us, ops = native.last_fused_launch()
+            mark_device_time(device_us, ops=ops, device=p.trace.device)
+
+
+def _may_use_stream(trace) -> bool:
+    """Its launches may run on the device stream: only C++ kernels, and no random numbers
+    (they come from the device generator in stream order, on the host: Note [RNG order])."""
+    ok = trace.stream_ok
+    if ok is None:
+        ok = trace.stream_ok = all(
+            not p.info.is_random and p.info.op._schema.name.startswith(("aten::", "prims::")) for p in trace.protos)
+    return ok

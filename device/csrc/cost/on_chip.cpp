@@ -1,0 +1,197 @@
+// Note [On-chip intermediates] (device/cost.py): what of a launch of the adaptive engine's
+// queue stays on chip, planned at issue from the queue alone, and each entry's share of it,
+// handed to the eager path that prices the entry's op (take_on_chip).
+#include "engine/launch.h"
+
+#include <c10/util/accumulate.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace neuron {
+namespace {
+
+thread_local OnChipShare t_on_chip;  // the running entry's (take_on_chip)
+
+// The storages of empty tensors made while ops are queued, not yet used by a queued op: the
+// first queued op that writes one (the copy_ of a cast: `x.float()` is empty_strided, then
+// copy_) makes a value in the launch, as a new output would be (Note [On-chip intermediates]).
+// Weak: their addresses stay unique until the queue launches, which forgets them. Locked: an
+// empty tensor may be made on any thread (the factories are not routed to the engine).
+std::mutex g_fresh_lock;
+std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_fresh;
+// Whether g_fresh may hold any: every queued argument asks (take_fresh), almost always of none.
+std::atomic<bool> g_any_fresh{false};
+
+double element_bytes(c10::IntArrayRef sizes, double item_size) {
+  return static_cast<double>(c10::multiply_integers(sizes)) * item_size;
+}
+
+// The bytes the eager path will count for this entry (its tensors' numel x element size) that
+// stay on chip: reads of resident values, writes of unstored ones (new outputs, and the
+// written arguments an in-place or out= op returns, which the eager path counts as outputs).
+double on_chip_bytes_of(const Launch& launch, const Entry& entry) {
+  const c10::FunctionSchema& schema = entry.op.schema();
+  bool returns_written = false;
+  for (const auto& r : schema.returns()) {
+    returns_written = returns_written || (r.alias_info() != nullptr && r.alias_info()->isWrite());
+  }
+  double bytes = 0;
+  auto argument = [&](const c10::StorageImpl* key, double nbytes, bool written, bool defines) {
+    if (!defines && launch.resident.count(key) > 0) {
+      bytes += nbytes;
+    }
+    if (written && returns_written && launch.unstored.count(key) > 0) {
+      bytes += nbytes;
+    }
+  };
+  for (const PendingArg& p : entry.pending) {
+    const auto* alias_info = schema.arguments()[p.arg].alias_info();
+    argument(p.key, element_bytes(p.sizes, static_cast<double>(p.dtype.itemsize())),
+             alias_info != nullptr && alias_info->isWrite(), false);
+  }
+  for (const ExistingArg& e : entry.existing) {
+    argument(e.key, e.nbytes, e.written, e.defines);
+  }
+  size_t k = 0;
+  for (const OutputSpec& spec : entry.plan->outputs) {
+    if (spec.defined && launch.unstored.count(entry.outputs[k++]._unsafe_get_target()) > 0) {
+      bytes += element_bytes(spec.sizes, static_cast<double>(c10::elementSize(spec.dtype)));
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// Note [On-chip intermediates]: which values of the launch stay on chip, from the queue alone
+// and the program's references at issue (so the modelled time is the same whenever the device
+// stream runs it). On the host thread, before the launch runs.
+void plan_on_chip(Launch& launch) {
+  const size_t n = launch.entries.size();
+  struct Reads {
+    size_t first, last, entries;  // the first and last entry that read a value, and how many do
+  };
+  std::unordered_map<const c10::StorageImpl*, Reads> reads;
+  auto read_at = [&](const c10::StorageImpl* key, size_t i) {
+    auto [it, added] = reads.try_emplace(key, Reads{i, i, 1});
+    if (!added && it->second.last != i) {
+      it->second.last = i;
+      ++it->second.entries;
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    for (const PendingArg& p : launch.entries[i].pending) {
+      read_at(p.key, i);
+    }
+    for (const ExistingArg& e : launch.entries[i].existing) {
+      if (!e.defines) {
+        read_at(e.key, i);
+      }
+    }
+  }
+  const double capacity = on_chip_bytes();
+  double used = 0;
+  std::vector<std::vector<std::pair<const c10::StorageImpl*, double>>> leaving(n);  // resident, last read at i
+  // A value entry i makes: held by the program at issue (`leaves`), the launch writes it to HBM.
+  auto made = [&](size_t i, const c10::StorageImpl* key, double nbytes, bool leaves) {
+    const auto read = reads.find(key);
+    if (read == reads.end()) {
+      if (!leaves) {
+        launch.unstored.insert(key);  // nobody reads it: never stored
+      }
+      return;
+    }
+    const Reads& r = read->second;
+    // Streamed: the next op alone reads it, tile by tile as it is made, off the Tensor Engine
+    // (whose operands are read once per output tile), so it needs no room of its own.
+    if (!leaves && r.entries == 1 && r.first == i + 1 && !runs_on_tensor_engine(launch.entries[i + 1].op.operator_name())) {
+      launch.resident.insert(key);
+      launch.unstored.insert(key);
+      launch.streamed.insert(key);
+      return;
+    }
+    if (used + nbytes > capacity) {
+      return;  // spilled: written to HBM, and read from there
+    }
+    used += nbytes;
+    leaving[r.last].emplace_back(key, nbytes);
+    launch.resident.insert(key);
+    if (!leaves) {
+      launch.unstored.insert(key);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Entry& entry = launch.entries[i];
+    size_t k = 0;
+    for (const OutputSpec& spec : entry.plan->outputs) {
+      if (spec.defined) {
+        const c10::weak_intrusive_ptr<c10::StorageImpl>& output = entry.outputs[k++];
+        made(i, output._unsafe_get_target(), static_cast<double>(spec.nbytes), !output.expired());
+      }
+    }
+    for (const ExistingArg& e : entry.existing) {
+      if (e.defines) {
+        made(i, e.key, e.nbytes, !e.storage.expired());
+      }
+    }
+    for (const auto& value : leaving[i]) {
+      used -= value.second;
+    }
+  }
+  // A copy_ (a cast) streamed from the op before it or into the op after it is that op's
+  // conversion on reading or writing, as every engine instruction converts its operands:
+  // no Vector pass of its own.
+  for (Entry& entry : launch.entries) {
+    if (entry.op.operator_name().name != "aten::copy_") {
+      continue;
+    }
+    for (const PendingArg& p : entry.pending) {
+      entry.folded_cast = entry.folded_cast || launch.streamed.count(p.key) > 0;
+    }
+    for (const ExistingArg& e : entry.existing) {
+      entry.folded_cast = entry.folded_cast || launch.streamed.count(e.key) > 0;
+    }
+  }
+}
+
+OnChipScope::OnChipScope(const Launch& launch, const Entry& entry) {
+  t_on_chip = OnChipShare{on_chip_bytes_of(launch, entry), entry.folded_cast};
+}
+
+OnChipScope::~OnChipScope() { t_on_chip = OnChipShare(); }
+
+OnChipShare take_on_chip() {
+  const OnChipShare share = t_on_chip;
+  t_on_chip = OnChipShare();
+  return share;
+}
+
+void note_fresh_storage(const c10::Storage& storage) {
+  if (!route_active() || !ops_held()) {
+    return;  // nothing queued (or the eager path of a queued op): not a value of a launch
+  }
+  const std::lock_guard<std::mutex> guard(g_fresh_lock);
+  g_fresh.emplace(storage.unsafeGetStorageImpl(), c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+  g_any_fresh.store(true);
+}
+
+bool take_fresh(const c10::StorageImpl* key) {
+  if (!g_any_fresh.load()) {
+    return false;
+  }
+  const std::lock_guard<std::mutex> guard(g_fresh_lock);
+  const bool fresh = g_fresh.erase(key) > 0;
+  g_any_fresh.store(!g_fresh.empty());
+  return fresh;
+}
+
+void forget_fresh() {
+  const std::lock_guard<std::mutex> guard(g_fresh_lock);
+  g_fresh.clear();
+  g_any_fresh.store(false);
+}
+
+}  // namespace neuron

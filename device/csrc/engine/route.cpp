@@ -1,0 +1,375 @@
+// The route's Python side: while adaptive mode is on, each op of a neuron tensor is
+// handed to the engine (a Python callable) as `engine(op_overload, args, kwargs)`, the way
+// torch hands ops to __torch_dispatch__; the engine answers with
+//   - RUN_EAGER: run it on the eager path now (its held-back ops have run: queue.cpp);
+//   - a DeferPlan: queue it (Note [Deferred launches]) and hand out its results at once;
+//   - (RUN_EAGER, after): run it now, then call after(results): the engine records it;
+//   - (DeferPlan, after): queue it, then call after(): the engine launches the queue;
+//   - anything else: the op's result, which the engine computed itself.
+// Pure-CPU code never gets here: the route sits in the PrivateUse1 kernels only.
+#include "neuron.h"
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/extension.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+using c10::IValue;
+
+py::object* g_run_eager = nullptr;  // leaked: must outlive interpreter shutdown
+py::object* g_issue_failed = nullptr;  // the engine's: an op it deferred could not be queued
+
+// Note [One issuer at a time]: the engine decides under its own lock, but queues the op here,
+// after that lock is let go, and waiting for the device stream lets go of the GIL as well.
+// Between the two another thread could complete the trace and launch the queue without this
+// op, whose results are already handed out. So each thread's whole call (the engine's
+// answer, then the action and `after`) holds this lock; recursive, for the engine's own ops.
+std::recursive_mutex& g_issue = *new std::recursive_mutex;  // leaked, as g_run_eager
+
+struct IssueLock {
+  std::unique_lock<std::recursive_mutex> held{g_issue, std::try_to_lock};
+  IssueLock() {
+    if (!held.owns_lock()) {  // another thread issues: wait without the GIL, which it may need
+      if (PyGILState_Check()) {
+        py::gil_scoped_release released;
+        held.lock();
+      } else {
+        held.lock();
+      }
+    }
+  }
+};
+
+py::object to_python(const c10::Argument& arg, const IValue& v) {
+  if (v.isNone()) {
+    return py::none();
+  }
+  // Enum-like arguments travel as ints in an IValue; Python wants the torch objects.
+  c10::TypePtr type = arg.real_type();
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    type = type->containedType(0);
+  }
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+    case c10::TypeKind::LayoutType:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+    case c10::TypeKind::MemoryFormatType:
+      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+    default:
+      return torch::jit::toPyObject(v);
+  }
+}
+
+// args and kwargs as __torch_dispatch__ gets them: positional arguments up to the first
+// keyword-only one, trailing defaults left out; keyword-only ones that differ from their default.
+std::pair<py::tuple, py::dict> to_python_call(const c10::FunctionSchema& schema, const IValue* values) {
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  auto is_default = [&](size_t i) {
+    const auto& d = arguments[i].default_value();
+    return d.has_value() && *d == values[i];
+  };
+  size_t kwarg_only_start = n;
+  while (kwarg_only_start > 0 && arguments[kwarg_only_start - 1].kwarg_only()) {
+    --kwarg_only_start;
+  }
+  size_t positional_end = kwarg_only_start;
+  while (positional_end > 0 && is_default(positional_end - 1)) {
+    --positional_end;
+  }
+  py::tuple args(positional_end);
+  for (size_t i = 0; i < positional_end; ++i) {
+    args[i] = to_python(arguments[i], values[i]);
+  }
+  py::dict kwargs;
+  for (size_t i = kwarg_only_start; i < n; ++i) {
+    if (!is_default(i)) {
+      kwargs[py::str(arguments[i].name())] = to_python(arguments[i], values[i]);
+    }
+  }
+  return {std::move(args), std::move(kwargs)};
+}
+
+void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const py::object& out) {
+  const auto& returns = schema.returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, returns[0].real_type()));
+  } else if (returns.size() > 1) {
+    auto items = out.cast<py::sequence>();
+    TORCH_CHECK(items.size() == returns.size(), "the engine returned ", items.size(), " results for ",
+                schema.operator_name(), ", which has ", returns.size());
+    for (size_t i = 0; i < returns.size(); ++i) {
+      stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
+    }
+  }
+}
+
+py::object results_to_python(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  const size_t n = schema.returns().size();
+  if (n == 0) {
+    return py::none();
+  }
+  if (n == 1) {
+    return torch::jit::toPyObject(stack.back());
+  }
+  py::tuple out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = torch::jit::toPyObject(stack[stack.size() - n + i]);
+  }
+  return std::move(out);
+}
+
+// The engine counted an op as queued that was not: it ends its match (engine.issue_failed).
+void tell_issue_failed(const char* reason) {
+  try {
+    if (g_issue_failed != nullptr && !g_issue_failed->is_none()) {
+      (*g_issue_failed)(reason);
+    }
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable(__func__);  // the op's own error, if any, is the one to raise
+  }
+}
+
+bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!Py_IsInitialized()) {
+    return false;
+  }
+  const IssueLock issuing;  // before the GIL: Note [One issuer at a time]
+  py::gil_scoped_acquire gil;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto [args, kwargs] = to_python_call(schema, stack->data() + (stack->size() - n));
+  py::object out = engine(torch::detail::getTorchApiFunction(op), args, kwargs);
+  // (action, after): do the action, then tell the engine (the results, for RUN_EAGER).
+  py::object after;
+  if (py::isinstance<py::tuple>(out) && py::len(out) == 2) {
+    py::tuple pair = out.cast<py::tuple>();
+    py::object action = pair[0];
+    if (action.is(*g_run_eager) || py::isinstance<neuron::DeferPlan>(action)) {
+      after = pair[1];
+      out = action;
+    }
+  }
+  if (out.is(*g_run_eager)) {
+    if (!after) {
+      return false;
+    }
+    neuron::run_eager(op, stack);
+    after(results_to_python(schema, *stack));
+    return true;
+  }
+  if (py::isinstance<neuron::DeferPlan>(out)) {
+    std::shared_ptr<const neuron::DeferPlan> plan = out.cast<std::shared_ptr<neuron::DeferPlan>>();
+    if (plan->from_meta) {  // Note [Plans from shape functions] (meta_plan.cpp)
+      plan = neuron::plan_from_meta(op, *stack, *plan);
+      if (!plan) {  // not deferred after all: the engine ends its match, and the op runs now
+        tell_issue_failed("no shape function");
+        neuron::run_eager(op, stack);
+        return true;
+      }
+    }
+    if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
+      // An output of the launch on the stream, perhaps: capture it once that launch made it.
+      py::gil_scoped_release released;
+      neuron::wait_for_stream();
+    }
+    try {
+      neuron::enqueue(op, stack, std::move(plan));
+    } catch (...) {
+      // The engine counted the op as queued: tell it the op raised instead (out of memory).
+      tell_issue_failed("out of memory");
+      throw;
+    }
+    if (after) {
+      after();
+    }
+    return true;
+  }
+  torch::jit::drop(*stack, n);
+  push_result(schema, stack, out);
+  return true;
+}
+
+// A kernel written in Python at PrivateUse1 (custom kernels: dispatch/custom_kernels.py) is not
+// behind the C++ fallback; it offers its call to the route itself. Returns (handled, result):
+// not handled, the kernel runs its body now (anything queued has run by then).
+py::tuple offer(const py::object& func, const py::tuple& args, const py::dict& kwargs) {
+  if (!neuron::route_active()) {  // eager mode, or the launch running this kernel: no stack to build
+    return py::make_tuple(false, py::none());
+  }
+  static std::unordered_map<PyObject*, c10::OperatorHandle> handles;  // OpOverloads live forever
+  auto it = handles.find(func.ptr());
+  if (it == handles.end()) {
+    py::object schema = func.attr("_schema");
+    auto name = schema.attr("name").cast<std::string>();
+    auto overload = schema.attr("overload_name").cast<std::string>();
+    it = handles.emplace(func.ptr(), c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str())).first;
+  }
+  const c10::OperatorHandle& op = it->second;
+  const auto& arguments = op.schema().arguments();
+  torch::jit::Stack stack;
+  stack.reserve(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::Argument& arg = arguments[i];
+    py::str name(arg.name());
+    if (i < args.size()) {
+      stack.push_back(torch::jit::toIValue(args[i], arg.real_type()));
+    } else if (kwargs.contains(name)) {
+      stack.push_back(torch::jit::toIValue(kwargs[name], arg.real_type()));
+    } else {
+      TORCH_CHECK(arg.default_value().has_value(), op.schema().operator_name(), " is missing argument ", arg.name());
+      stack.push_back(*arg.default_value());
+    }
+  }
+  if (!neuron::route_op(op, &stack)) {
+    return py::make_tuple(false, py::none());
+  }
+  return py::make_tuple(true, results_to_python(op.schema(), stack));
+}
+
+// Which recorded op last wrote a tensor's bytes, for the engine's choice of where a trace
+// starts (its values live across a cut). Keyed by storage, not TensorImpl: what reads a
+// value is often another TensorImpl over the same bytes (a view such as the `t()` that makes
+// a weight's gradient, or the shallow copy autograd saves of an output), and must still be
+// seen as reading it. Held weakly: a weak reference keeps the address from being reused (no
+// stale answer for new bytes), frees no later than the storage would, and counts no use
+// (autograd's in-place decisions read use counts: Note [Queued arguments count no references]).
+struct Producer {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t position, slot;
+};
+std::unordered_map<const c10::StorageImpl*, Producer> g_producers;
+constexpr size_t kProducersKept = 1 << 16;  // a stream that never repeats: bounded memory
+
+void note_producer(const at::Tensor& t, int64_t position, int64_t slot) {
+  if (!t.has_storage()) {
+    return;
+  }
+  if (g_producers.size() > kProducersKept) {
+    g_producers.clear();
+  }
+  const c10::Storage& storage = t.storage();
+  g_producers.insert_or_assign(storage.unsafeGetStorageImpl(),
+                               Producer{storage.getWeakStorageImpl(), position, slot});
+}
+
+py::object producer_of(const at::Tensor& t) {
+  if (!t.has_storage()) {
+    return py::none();
+  }
+  auto it = g_producers.find(t.storage().unsafeGetStorageImpl());
+  if (it == g_producers.end()) {
+    return py::none();
+  }
+  if (it->second.storage.expired()) {  // cannot be t's: t holds it. Stale; drop it
+    g_producers.erase(it);
+    return py::none();
+  }
+  return py::make_tuple(it->second.position, it->second.slot);
+}
+
+// Python callables held by C++ for the process's life, in leaked objects (see module.cpp).
+void set_engine(py::object engine, py::object issue_failed) {
+  if (engine.is_none()) {
+    neuron::set_route(nullptr);
+    return;
+  }
+  g_issue_failed = new py::object(std::move(issue_failed));  // leaked, as the engine is
+  auto* held = new py::object(std::move(engine));
+  neuron::set_route([held](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    return call_engine(*held, op, stack);
+  });
+}
+
+void set_host_sync(py::object sync) {
+  auto* held = new py::object(std::move(sync));
+  neuron::set_host_sync([held](const char* reason) {
+    if (!Py_IsInitialized()) {
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    (*held)(reason);
+  });
+}
+
+using OutputTuple = std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t, at::ScalarType, int64_t>;
+
+std::shared_ptr<neuron::DeferPlan> make_plan(int64_t device, const std::vector<std::optional<OutputTuple>>& outputs,
+                                             std::vector<int64_t> list_lengths) {
+  auto plan = std::make_shared<neuron::DeferPlan>();
+  plan->device = neuron::checked_device(device);
+  for (const auto& output : outputs) {
+    if (!output) {  // an undefined result
+      plan->outputs.push_back(neuron::OutputSpec{{}, {}, 0, at::ScalarType::Undefined, 0, /*defined=*/false});
+      continue;
+    }
+    const auto& [sizes, strides, offset, dtype, nbytes] = *output;
+    TORCH_CHECK(sizes.size() == strides.size(), "an output spec needs one stride per size");
+    plan->outputs.push_back(neuron::OutputSpec{sizes, strides, offset, dtype, nbytes});
+  }
+  plan->list_lengths = std::move(list_lengths);
+  return plan;
+}
+
+}  // namespace
+
+void bind_route(py::module_& m) {
+  g_run_eager = new py::object(py::module_::import("builtins").attr("object")());
+  m.attr("RUN_EAGER") = *g_run_eager;
+  py::class_<neuron::DeferPlan, std::shared_ptr<neuron::DeferPlan>>(m, "DeferPlan")
+      .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
+           "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order; "
+           "None for an undefined one")
+      .def_static("from_meta", [](int64_t device, std::optional<at::ScalarType> pointwise_dtype) {
+        auto plan = std::make_shared<neuron::DeferPlan>();
+        plan->device = neuron::checked_device(device);
+        plan->from_meta = true;
+        plan->pointwise_dtype = pointwise_dtype.value_or(at::ScalarType::Undefined);
+        return plan;
+      }, py::arg("device"), py::arg("pointwise_dtype") = py::none(),
+      "a plan whose outputs the op's shape function gives at issue (Note [Plans from shape functions]); "
+      "pointwise_dtype: an elementwise op's, TensorIterator's geometry (Note [Pointwise shape functions])");
+  m.def("pointwise_geometry", [](const std::vector<at::Tensor>& inputs, at::ScalarType dtype) {
+    const at::Tensor out = neuron::pointwise_output(inputs, dtype);
+    return py::make_tuple(out.sizes().vec(), out.strides().vec(), out.storage_offset());
+  }, py::arg("inputs"), py::arg("dtype"), "(sizes, strides, offset) of an elementwise op's output on these meta inputs");
+  m.def("set_engine", &set_engine, py::arg("engine"), py::arg("issue_failed") = py::none(),
+        "engine(op, args, kwargs) gets every op of neuron tensors; None: none does. issue_failed(reason) is "
+        "called when an op the engine deferred was not queued: it raised (out of memory), or had no plan");
+  // A storage's identity and size without making its Python object (which would hold a
+  // reference to it: Note [Queued arguments count no references]).
+  m.def("storage_of", [](const at::Tensor& t) {
+    return py::make_tuple(reinterpret_cast<intptr_t>(t.storage().unsafeGetStorageImpl()),
+                          static_cast<int64_t>(t.storage().nbytes()));
+  }, "(identity, nbytes) of t's storage");
+  m.def("note_producer", &note_producer, "t was last written by the recorded op at (position, slot)");
+  m.def("producer_of", &producer_of, "(position, slot) of the recorded op that last wrote t, or None");
+  m.def("forget_producers", []() { g_producers.clear(); });
+  m.def("offer", &offer, "a Python kernel's call, offered to the route: (handled, result)");
+  m.def("set_host_sync", &set_host_sync, "fn(reason) runs before a host access while ops are queued");
+  m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
+  m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
+  m.def("queue_size", &neuron::queue_size);
+  m.def("host_sync", [](const std::string& reason) { neuron::sync_before_host_access(reason.c_str()); },
+        py::arg("reason"), "a sync point: what the engine holds back runs first (named `reason`)");
+  m.def("last_fused_launch", &neuron::last_fused_launch,
+        "(device µs, ops) the last fused launch that ended on this thread charged (its profiler mark)");
+  m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
+  m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
+  m.def("launch_in_flight", &neuron::launch_in_flight);
+  m.def("launch_finished", &neuron::launch_finished);
+  m.def("finish_launch", &neuron::finish_launch, py::call_guard<py::gil_scoped_release>(),
+        "wait for the launch on the stream; raises its op's error");
+  m.def("failed_index", &neuron::failed_index, "the queue entry whose op failed in the last run_queue");
+  m.def("set_failure", &neuron::set_failure, py::arg("message"), py::arg("type"), py::arg("waiting"));
+}

@@ -1,0 +1,274 @@
+"""Fused launches on the device stream: the launch runs on a worker thread beside the host,
+and nothing the user can see differs from a launch on the issuing thread: values, errors,
+memory, the RNG, exit and fork (Note [The device stream] in device/csrc/engine/queue.cpp)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import adaptive_eager
+from adaptive_eager.device import native, stream
+from subproc import run_json
+from test_adaptive_semantics import _gather_step
+
+STEPS = 8
+
+
+@pytest.fixture(autouse=True)
+def _adaptive_with_stream():
+    previous = adaptive_eager.get_mode()
+    adaptive_eager.set_mode("adaptive")
+    yield
+    stream.set_enabled(True)
+    adaptive_eager.set_mode(previous)
+
+
+def _mlp_loop(mode, use_stream=True, steps=STEPS, threads=None):
+    """MLP + AdamW; returns losses, parameters, peak and current device memory, stats."""
+    previous_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        stream.set_enabled(use_stream)
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to("neuron")
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(16, 32, generator=g).to("neuron"), torch.randint(0, 10, (16,), generator=g).to("neuron")
+        adaptive_eager.reset_stats()
+        losses = []
+        for _ in range(steps):
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        params = [p.detach().cpu() for p in net.parameters()]
+        result = dict(losses=[l.cpu() for l in losses], params=params, peak=torch.neuron.max_memory_allocated(),
+                      allocated=torch.neuron.memory_allocated(), stats=adaptive_eager.stats())
+        del net, opt, losses
+        return result
+    finally:
+        torch.set_num_threads(previous_threads)
+        stream.set_enabled(True)
+
+
+def _same(a, b):
+    return (all(torch.equal(x, y) for x, y in zip(a["losses"], b["losses"]))
+            and all(torch.equal(x, y) for x, y in zip(a["params"], b["params"])))
+
+
+def test_steady_state_launches_run_on_the_stream_with_the_bits_of_the_issuing_thread():
+    eager = _mlp_loop("eager")
+    on_stream = _mlp_loop("adaptive")
+    on_host = _mlp_loop("adaptive", use_stream=False)
+    assert on_stream["stats"].stream_launches >= STEPS - 4  # every complete launch after warm-up
+    assert on_host["stats"].stream_launches == 0
+    assert _same(eager, on_stream) and _same(on_host, on_stream)
+
+
+def test_memory_accounting_of_stream_launches_equals_the_issuing_threads():
+    on_stream, on_host = _mlp_loop("adaptive"), _mlp_loop("adaptive", use_stream=False)
+    assert on_stream["stats"].stream_launches > 0
+    assert on_stream["peak"] == on_host["peak"]
+    assert on_stream["allocated"] == on_host["allocated"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_stream_launch_splits_work_over_the_issuing_threads_intra_op_threads(threads):
+    # A long sum's bits depend on how many threads share it (checked first: else the test
+    # could not fail), so the worker must use the issuing thread's count.
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(2))
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = x.sum()
+        torch.set_num_threads(2)
+        two = x.sum()
+    finally:
+        torch.set_num_threads(previous)
+    assert not torch.equal(one, two)
+
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.set_num_threads(threads)
+        try:
+            d = x.to("neuron")
+            sums = [(d * (1.0 + i / 8)).sum() for i in range(STEPS)]
+            return torch.stack([s.cpu() for s in sums])
+        finally:
+            torch.set_num_threads(previous)
+
+    before = adaptive_eager.stats().stream_launches
+    adaptive, eager = run("adaptive"), run("eager")
+    assert adaptive_eager.stats().stream_launches > before
+    assert torch.equal(adaptive, eager)
+
+
+def test_a_deferred_value_read_while_its_launch_runs_waits_for_it():
+    # h is carried from step to step: each trace reads the previous launch's output, and
+    # the last one is read on the host while its launch may still run.
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        w = torch.full((64, 64), 0.01).to("neuron")
+        h = torch.ones(8, 64).to("neuron")
+        history = []
+        for _ in range(3 * STEPS):
+            h = torch.tanh(h @ w + 0.5)
+            history.append(h)
+        return torch.stack([t.cpu() for t in history])
+
+    adaptive = run("adaptive")
+    stats = adaptive_eager.stats()
+    # Each step is matched while the launch that makes its input runs (the matcher takes a
+    # value the stream will bring), and the host reads at the end wait for it.
+    assert stats.stream_launches > 0 and stats.divergences == 0
+    assert torch.equal(adaptive, run("eager"))
+
+
+def test_an_error_in_a_stream_launch_raises_at_the_next_sync_point_and_later_ops_do_not_run():
+    x = torch.arange(12.0).reshape(4, 3).to("neuron")
+    good = torch.tensor([0, 3]).to("neuron")
+    for _ in range(STEPS):
+        _gather_step(x, good)
+    before = adaptive_eager.stats(wait=False).stream_launches
+    assert before > 0
+    bad = torch.tensor([0, 7]).to("neuron")  # same shape and dtype: the trace matches
+    y, w = _gather_step(x, bad)
+    assert adaptive_eager.stats(wait=False).stream_launches == before + 1  # the failing launch ran there
+    with pytest.raises(IndexError, match=r"index_select.*op 2 of 4.*issued at .*test_adaptive_semantics.py:\d+ in _gather_step"):
+        w.cpu()
+    assert torch.equal(y.cpu(), torch.arange(12.0).reshape(4, 3) * 2)  # the op before it ran
+    with pytest.raises(IndexError, match="index_select"):
+        w.cpu()  # the value that depended on it carries the same error
+    y, w = _gather_step(x, good)  # the device stays usable
+    assert torch.equal(w.cpu(), (torch.arange(12.0).reshape(4, 3) * 2)[[0, 3]].add(1).sum(0))
+
+
+def test_traces_that_draw_random_numbers_stay_on_the_issuing_thread():
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(3)
+        x = torch.ones(64, 64).to("neuron")
+        outs = [torch.tanh(F.dropout(x * (1.0 + i), 0.5) + 1).sum() for i in range(STEPS)]
+        return torch.stack([o.cpu() for o in outs])
+
+    adaptive = run("adaptive")
+    stats = adaptive_eager.stats()
+    assert stats.fused_launches > 0 and stats.stream_launches == 0
+    assert torch.equal(adaptive, run("eager"))
+
+
+def test_exit_and_fork_with_a_launch_in_flight_are_clean():
+    out = run_json("""
+        import os, torch, adaptive_eager
+        x = torch.ones(256, 256).to('neuron')
+        for i in range(12):
+            x = torch.tanh(x @ x * 0.001 + 0.1)
+        assert adaptive_eager.stats(wait=False).stream_launches > 0
+        pid = os.fork()  # the parent's launch finishes before the fork; the child gets its own worker
+        if pid == 0:
+            # One intra-op thread, as in a DataLoader worker: with libgomp, a child's first
+            # parallel region after the parent ran one hangs (plain CPU torch too).
+            torch.set_num_threads(1)
+            for i in range(12):
+                x = torch.tanh(x @ x * 0.001 + 0.1)
+            os._exit(0 if adaptive_eager.stats().stream_launches > 0 and torch.isfinite(x.cpu()).all() else 1)
+        _, status = os.waitpid(pid, 0)
+        for i in range(12):
+            x = torch.tanh(x @ x * 0.001 + 0.1)
+        emit({'child': os.waitstatus_to_exitcode(status)})
+        # the process exits with this last launch still running on the stream
+    """, env={"NEURON_ASYNC_LAUNCH": "1"})
+    assert out == {"child": 0}
+
+
+def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
+    # With a switch interval of minutes, this thread never hands the GIL over while it polls:
+    # a launch that needed the GIL (a tensor with a Python object freed on the worker, say)
+    # could not finish.
+    import sys
+    import time
+
+    from adaptive_eager.mode import SWITCH
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to("neuron")
+    opt = torch.optim.AdamW(net.parameters())
+    x = torch.randn(32, 64).to("neuron")
+    for _ in range(STEPS):
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+    assert SWITCH.adaptive.inflight is not None  # the last step's launch, submitted just now
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(600.0)
+    try:
+        end = time.monotonic() + 30
+        while not native.launch_finished() and time.monotonic() < end:
+            pass
+        finished = native.launch_finished()
+    finally:
+        sys.setswitchinterval(previous)
+    assert finished
+
+
+def test_a_step_that_reads_the_last_launchs_output_is_matched_without_waiting_for_it():
+    # Token-by-token decoding: each step reads what the previous launch computes. The stream
+    # runs launches in order, so matching the next step need not wait for it.
+    from adaptive_eager.mode import SWITCH
+
+    def run(mode, probe=None):
+        adaptive_eager.set_mode(mode)
+        w = torch.full((64, 64), 0.01).to("neuron")
+        h = torch.ones(8, 64).to("neuron")
+        for i in range(2 * STEPS):
+            y = h @ w  # reads the output of the launch that may still be running
+            if probe is not None and i == 2 * STEPS - 1:
+                probe.append(SWITCH.adaptive.inflight)
+            h = torch.tanh(y + 0.5) * 0.9
+        return h.cpu()
+
+    seen = []
+    adaptive = run("adaptive", probe=seen)
+    assert seen[0] is not None  # still in flight after the next step's first op was matched
+    assert adaptive_eager.stats().divergences == 0
+    assert torch.equal(adaptive, run("eager"))
+
+
+def test_a_failed_launchs_error_reaches_the_steps_that_read_its_values():
+    def step(h, idx):
+        return torch.tanh(h.index_select(0, idx) * 0.5 + 0.1)
+
+    good = torch.tensor([0, 1, 2, 3]).to("neuron")
+    h = torch.ones(4, 3).to("neuron")
+    for _ in range(STEPS):
+        h = step(h, good)
+    h = step(h, torch.tensor([0, 1, 2, 7]).to("neuron"))  # fails on the stream
+    h = step(h, good)  # matched while that launch runs: it reads a value that never arrives
+    # The same error, not a confusing one about a missing input (the launch reading the
+    # value fails at its first op, with the first failure as the cause).
+    with pytest.raises(IndexError, match=r"index_select.*failed in a deferred launch.*index out of range"):
+        h.cpu()
+    h = torch.ones(4, 3).to("neuron")  # the device stays usable
+    for _ in range(3):
+        h = step(h, good)
+    expected = torch.ones(4, 3)
+    for _ in range(3):
+        expected = torch.tanh(expected * 0.5 + 0.1)
+    assert torch.equal(h.cpu(), expected)
+
+
+def test_stats_without_waiting_count_the_launch_on_the_device_stream_as_issued():
+    """stats(wait=False) leaves a launch in flight running; it has been issued all the same,
+    so its launch and its ops count as they do once it has finished (its device time and
+    memory are charged when it ends)."""
+    x = torch.ones(256, 256).to("neuron")
+    in_flight = 0
+    for _ in range(12):
+        x = torch.tanh(x @ x * 0.001 + 0.1)
+        in_flight += native.launch_in_flight()
+        issued = adaptive_eager.stats(wait=False)
+        done = adaptive_eager.stats()
+        assert (issued.launches, issued.ops) == (done.launches, done.ops)
+    assert done.stream_launches > 0
+    assert in_flight > 0  # the counts above were read with a launch running

@@ -1,0 +1,86 @@
+"""Adaptive mode on native neuron tensors: the engine defers ops into the C++ queue
+(Note [Deferred launches], device/csrc/engine/queue.cpp). These pin what the queue itself must get
+right; test_adaptive*.py and test_training.py run whole loops in this process too (among them
+the transformer step that fuses only because queued arguments count no references: Note
+[Queued arguments count no references])."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adaptive_eager
+
+NEURON = torch.device("neuron")
+
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    previous = adaptive_eager.get_mode()
+    yield
+    adaptive_eager.set_mode(previous)
+
+
+def test_a_deferred_in_place_op_writes_the_storage_it_was_issued_on_not_a_later_data():
+    # A launched kernel holds its arguments' memory: `p.data = other` after the issue must not
+    # redirect an update still queued (the queue captures the storage, not the Python tensor).
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        p = torch.zeros(4, device=NEURON)
+        q = torch.zeros(4, device=NEURON)
+        swapped = []
+        for i in range(10):
+            p.add_(1.0)
+            p.mul_(2.0)
+            p.sub_(0.5)
+            p.div_(1.5)
+            held, p.data = p.data, q.data if i == 8 else p.data  # swap once, with ops queued
+            swapped.append(held)
+        return p.cpu(), q.cpu(), swapped[-1].cpu()
+
+    assert all(torch.equal(a, b) for a, b in zip(run("eager"), run("adaptive")))
+
+
+def test_an_intermediate_nobody_holds_is_freed_once_its_readers_ran():
+    # Deferred outputs get bytes when their op runs and lose them when the last holder (a user
+    # tensor or a queued reader) lets go: after a fused step, only what the user keeps is held.
+    x = torch.randn(256, 256, device=NEURON)
+
+    def step():
+        y = x.exp().mul(2).tanh().add(1)  # three intermediates, only y kept
+        return y.sum()
+
+    adaptive_eager.set_mode("adaptive")
+    for _ in range(12):
+        step()
+    torch.neuron.synchronize()
+    held = torch.neuron.memory_allocated()
+    s = step()
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() == held + s.untyped_storage().nbytes()
+
+
+def test_a_value_read_on_the_host_before_its_launch_waits_for_it():
+    adaptive_eager.set_mode("adaptive")
+    x = torch.arange(8.0, device=NEURON)
+    for _ in range(12):
+        y = (x * 3).add(1).neg().abs()
+    y = (x * 3).add(1).neg().abs()  # deferred: its bytes do not exist yet
+    assert torch.equal(y.cpu(), torch.arange(8.0) * 3 + 1)
+    assert y.data_ptr() != 0
+
+
+def test_a_host_copy_into_bytes_a_queued_op_reads_waits_for_that_op():
+    # The queue's capture of `a` is not a reference to a's storage object (Note [Queued arguments
+    # count no references]): the copy must still see that a queued op reads a's bytes.
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        a = torch.ones(4, device=NEURON)
+        for _ in range(12):
+            (a * 2).add(1).mul(3).sub(1)
+        b = a * 2  # the cached trace's first op: queued
+        a.copy_(torch.full((4,), 7.0))  # a host write in the middle of the trace
+        return b.cpu(), a.cpu()
+
+    eager, adaptive = run("eager"), run("adaptive")
+    assert torch.equal(eager[0], torch.full((4,), 2.0)) and all(torch.equal(x, y) for x, y in zip(eager, adaptive))

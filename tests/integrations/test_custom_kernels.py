@@ -1,0 +1,469 @@
+"""Custom device kernels (dispatch/custom_kernels.py) and the shipped ones (builtin_kernels.py).
+
+A custom kernel is one op on the device: one launch in eager mode, one op of a fused trace
+in adaptive mode, its autograd backward whatever its backward calls. The shipped
+attention and RMSNorm kernels must compute exactly what CPU computes.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import adaptive_eager
+from adaptive_eager.dispatch import CONTEXT
+from adaptive_eager.engine.record import record_ops
+
+SDPBackend = torch.nn.attention.SDPBackend
+
+
+# The kernels are offered to the engine by their Python kernel (native.offer): both modes.
+MODES = ("eager", "adaptive")
+
+
+def _launches() -> int:
+    return adaptive_eager.stats().launches
+
+
+def _kernel_ops(fn) -> list[str]:
+    """Names of the ops fn issues on neuron (the shadow empty_strided of SDPA's choice run on CPU)."""
+    with record_ops(devices=["neuron"], source=False) as rec:
+        fn()
+    return rec.names()
+
+
+# -- the registration API -------------------------------------------------------------------
+
+calls = {"kernel": 0, "cost": 0}
+
+
+def _scale_cost(x, s):
+    calls["cost"] += 1
+    return {"flops": 1e9, "bytes": 3 * x.nbytes}
+
+
+@adaptive_eager.custom_kernel("ck_test::scale", cost=_scale_cost)
+def scale(x: Tensor, s: float) -> Tensor:
+    calls["kernel"] += 1
+    assert type(x) is Tensor and x.device.type == "cpu", "a custom kernel computes on host tensors"
+    return x * s
+
+
+scale.register_autograd(lambda ctx, g: (scale(g, ctx.s), None),
+                        setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
+
+
+@adaptive_eager.custom_kernel("ck_test::shift")
+def shift(x: Tensor) -> Tensor:
+    return x + 1
+
+
+@pytest.fixture
+def eager():
+    with adaptive_eager.mode("eager"):
+        yield
+
+
+def test_custom_kernel_is_one_launch_and_computes_on_the_host(eager):
+    x = torch.randn(6)
+    xn = x.to("neuron")
+    before = _launches()
+    y = scale(xn, 2.5)
+    assert _launches() - before == 1
+    assert y.device.type == "neuron"
+    assert torch.equal(y.cpu(), x * 2.5)
+
+
+@adaptive_eager.custom_kernel("ck_test::jitter", random=True)
+def jitter(x: Tensor) -> Tensor:
+    return x + torch.rand_like(x)  # torch's default generator: the device's, on neuron
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_custom_kernel_draws_from_the_device_generator_in_stream_order(mode):
+    x = torch.zeros(5)
+    with adaptive_eager.mode(mode):
+        torch.manual_seed(3)  # CPU's and the device's generators alike
+        expected = [jitter(torch.rand(5) + x) for _ in range(6)]
+        torch.manual_seed(3)
+        xn = x.to("neuron")
+        got = [jitter(torch.rand(5, device="neuron") + xn) for _ in range(6)]
+        torch.rand(1)  # CPU draws in between must not shift the device's numbers
+        assert [torch.equal(g.cpu(), e) for g, e in zip(got, expected)] == [True] * 6
+
+
+def test_cost_hook_prices_the_launch_instead_of_bytes(eager):
+    cost = CONTEXT.runtime.cost
+    xn = torch.randn(64).to("neuron")
+    adaptive_eager.reset_stats()
+    scale(xn, 2.0)
+    busy = adaptive_eager.stats().device_time_us - adaptive_eager.stats().launch_overhead_us
+    assert busy == pytest.approx(cost.op_us(1e9, 3 * xn.nbytes, torch.float32))
+    adaptive_eager.reset_stats()
+    shift(xn)  # no hook: bytes read and written
+    busy = adaptive_eager.stats().device_time_us - adaptive_eager.stats().launch_overhead_us
+    assert busy == pytest.approx(cost.op_us(0, 2 * xn.nbytes, torch.float32))
+
+
+def test_cost_hook_with_a_wrong_result_names_the_fix(eager):
+    @adaptive_eager.custom_kernel("ck_test::bad_cost", cost=lambda x: 42)
+    def bad(x: Tensor) -> Tensor:
+        return x.clone()
+
+    with pytest.raises(TypeError, match="must return a dict with the keys 'flops'"):
+        bad(torch.ones(2).to("neuron"))
+
+
+def test_set_cost_rejects_what_is_not_an_op():
+    with pytest.raises(TypeError, match="custom_op or an OpOverload"):
+        adaptive_eager.set_cost(lambda x: x, lambda x: {})
+    with pytest.raises(TypeError, match="cost must be a function"):
+        adaptive_eager.set_cost(shift, {"flops": 1})
+
+
+def test_custom_kernel_backward_runs_its_registered_autograd(eager):
+    x = torch.randn(5, requires_grad=True)
+    xn = x.detach().to("neuron").requires_grad_()
+    scale(xn, 3.0).sum().backward()
+    scale(x, 3.0).sum().backward()
+    assert torch.equal(xn.grad.cpu(), x.grad)
+    assert torch.equal(xn.grad.cpu(), torch.full((5,), 3.0))
+
+
+def _scale_loop(steps):
+    x = torch.arange(8.0).to("neuron")
+    per_step, out = [], []
+    for i in range(steps):
+        before = _launches()
+        x = shift(scale(x, 0.5)) * 2
+        out.append(x.sum())
+        per_step.append(_launches() - before)
+    return [v.item() for v in out], per_step
+
+
+def test_custom_kernel_is_one_op_of_a_fused_trace_in_adaptive_mode():
+    with adaptive_eager.mode("eager"):
+        expected, eager_launches = _scale_loop(10)
+    calls["kernel"] = calls["cost"] = 0
+    with adaptive_eager.mode("adaptive"):
+        adaptive_eager.reset_stats()
+        got, launches = _scale_loop(10)
+        stats = adaptive_eager.stats()
+    assert got == expected
+    assert eager_launches == [4] * 10
+    assert stats.fused_launches > 0 and launches[-1] <= 1, launches
+    assert calls["kernel"] == 10  # replayed, never run twice
+    assert calls["cost"] >= 1  # fused launches price it with its hook too
+
+
+@adaptive_eager.custom_kernel("ck_test::accumulate_", mutates_args=("acc",))
+def accumulate_(acc: Tensor, x: Tensor) -> None:
+    acc.add_(x, alpha=0.5)
+
+
+def _accumulate_loop(steps):
+    acc, x = torch.zeros(4).to("neuron"), torch.arange(4.0).to("neuron")
+    for _ in range(steps):
+        accumulate_(acc, x)
+        x = x * 1.5
+    return acc.cpu()
+
+
+def test_mutating_custom_kernel_writes_its_input_in_eager_and_adaptive_mode():
+    with adaptive_eager.mode("eager"):
+        expected = _accumulate_loop(12)
+    with adaptive_eager.mode("adaptive"):
+        adaptive_eager.reset_stats()
+        got = _accumulate_loop(12)
+        fused = adaptive_eager.stats().fused_launches
+    assert torch.equal(got, expected)
+    assert torch.equal(expected, sum(0.5 * torch.arange(4.0) * 1.5 ** i for i in range(12)))
+    assert fused > 0
+
+
+# -- attention ----------------------------------------------------------------------------------
+
+ATTENTION_CASES = {
+    "causal": lambda g: {"is_causal": True},
+    "bool_mask": lambda g: {"attn_mask": torch.rand(5, 5, generator=g) > 0.3},
+    "float_mask": lambda g: {"attn_mask": torch.randn(5, 5, generator=g)},
+    "grouped_query": lambda g: {"enable_gqa": True, "is_causal": True, "kv_heads": 1},
+    "scale": lambda g: {"scale": 0.3},
+}
+
+
+def _qkv(kv_heads=2, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, 5, 4, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, 5, 4, generator=g, requires_grad=True) for _ in range(2))
+    return q, k, v
+
+
+def _to_neuron(tensors):
+    return [t.detach().to("neuron").requires_grad_(t.requires_grad) for t in tensors]
+
+
+def _attention_case(case):
+    kwargs = ATTENTION_CASES[case](torch.Generator().manual_seed(9))
+    kv_heads = kwargs.pop("kv_heads", 2)
+    on_neuron = {k: v.to("neuron") if isinstance(v, Tensor) else v for k, v in kwargs.items()}
+    return _qkv(kv_heads), kwargs, on_neuron
+
+
+@pytest.mark.parametrize("backend", [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_is_one_op_each_way_and_matches_cpu_and_the_composite(case, backend, eager):
+    (q, k, v), kwargs, on_neuron = _attention_case(case)
+    qn, kn, vn = _to_neuron((q, k, v))
+    with torch.nn.attention.sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        fwd = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, **on_neuron))
+        out_n = F.scaled_dot_product_attention(qn, kn, vn, **on_neuron)
+    assert [n for n in fwd if n != "aten.detach.default"] == ["neuron.attention.default"]
+    assert torch.equal(out_n.cpu(), out)  # the very kernel CPU ran
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    loss = out_n.square().sum()
+    bwd = _kernel_ops(lambda: torch.autograd.grad(loss, (qn, kn, vn), retain_graph=True))
+    assert bwd.count("neuron.attention_backward.default") == 1
+    assert not any("bmm" in n or "softmax" in n or "flash" in n for n in bwd), bwd
+    grads_n = torch.autograd.grad(loss, (qn, kn, vn))
+    for a, b in zip(grads, grads_n):
+        assert torch.equal(b.cpu(), a)
+    # The composite (math) decomposition agrees up to rounding, whichever kernel ran.
+    with torch.nn.attention.sdpa_kernel(SDPBackend.MATH):
+        composite = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(out_n.cpu(), composite)
+    for a, b in zip(torch.autograd.grad(composite.square().sum(), (q, k, v)), grads_n):
+        torch.testing.assert_close(b.cpu(), a)
+
+
+def test_attention_forward_without_grad_is_one_launch(eager):
+    qn, kn, vn = _to_neuron(t.detach() for t in _qkv())
+    before = _launches()
+    F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
+    assert _launches() - before == 1
+
+
+def test_attention_cost_counts_two_score_matmuls_and_no_score_matrix(eager):
+    cost = CONTEXT.runtime.cost
+    qn, kn, vn = _to_neuron(t.detach() for t in _qkv())
+    adaptive_eager.reset_stats()
+    F.scaled_dot_product_attention(qn, kn, vn)
+    busy = adaptive_eager.stats().device_time_us - adaptive_eager.stats().launch_overhead_us
+    flops = 2 * (2 * qn.numel() * kn.shape[-2])  # q @ k^T and p @ v
+    assert busy == pytest.approx(cost.op_us(flops, 4 * qn.nbytes, torch.float32))
+
+
+@pytest.mark.parametrize("case", ["causal", "bool_mask", "float_mask", "grouped_query"])
+def test_attention_with_dropout_is_one_op_each_way_and_matches_cpu(case, eager):
+    """With dropout the host takes the math path; the kernel draws the same mask from the
+    device generator where the decomposition would, and its backward replays it without
+    drawing again: outputs, gradients and the generator state all equal CPU's."""
+    (q, k, v), kwargs, on_neuron = _attention_case(case)
+    qn, kn, vn = _to_neuron((q, k, v))
+    torch.manual_seed(11)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.4, **kwargs)
+    torch.neuron.manual_seed(11)
+    fwd = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.4, **on_neuron))
+    assert [n for n in fwd if n != "aten.detach.default"] == ["neuron.attention_dropout.default"]
+    torch.neuron.manual_seed(11)
+    out_n = F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.4, **on_neuron)
+    assert torch.equal(out_n.cpu(), out)
+    assert not torch.allclose(out, F.scaled_dot_product_attention(q, k, v, **kwargs)), "nothing was dropped"
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    loss = out_n.square().sum()
+    after_forward = torch.neuron.get_rng_state()
+    bwd = _kernel_ops(lambda: torch.autograd.grad(loss, (qn, kn, vn), retain_graph=True))
+    assert [n for n in bwd if "attention" in n or "dropout" in n] == ["neuron.attention_dropout_backward.default"]
+    for a, b in zip(grads, torch.autograd.grad(loss, (qn, kn, vn))):
+        assert torch.equal(b.cpu(), a)
+    assert torch.equal(torch.neuron.get_rng_state(), after_forward)  # the backward drew nothing
+    assert torch.equal(torch.neuron.get_rng_state(), torch.get_rng_state())  # as many draws as CPU
+
+
+def test_attention_mask_that_needs_a_gradient_keeps_the_host_decomposition(eager):
+    (q, k, v), mask = _qkv(), torch.randn(5, 5, requires_grad=True)
+    qn, kn, vn, mn = _to_neuron((q, k, v, mask))
+    out_n = F.scaled_dot_product_attention(qn, kn, vn, attn_mask=mn)
+    out_n.sum().backward()
+    F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    assert torch.equal(mn.grad.cpu(), mask.grad)
+
+
+def test_attention_under_autocast_runs_the_kernel_in_bfloat16(eager):
+    q, k, v = (t.detach() for t in _qkv())
+    qn, kn, vn = _to_neuron((q, k, v))
+    with torch.autocast("neuron", torch.bfloat16):
+        names = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, is_causal=True))
+        out_n = F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
+    assert "neuron.attention.default" in names
+    assert out_n.dtype == torch.bfloat16
+    expected = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+    assert torch.equal(out_n.cpu(), expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inference_mode_runs_the_kernels_with_cpus_bits(mode):
+    """inference_mode skips the autograd key, so SDPA and rms_norm reach the executor whole;
+    they run our kernels there too (not the C++ decomposition, whose PrivateUse1 SDPA choice
+    is always math): CPU's flash bits, one kernel op each."""
+    q = torch.randn(2, 2, 5, 4)
+    x, w = torch.randn(3, 4), torch.randn(4)
+    qn, xn, wn = q.to("neuron"), x.to("neuron"), w.to("neuron")
+    with adaptive_eager.mode(mode), torch.inference_mode():
+        flash = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        with torch.nn.attention.sdpa_kernel(SDPBackend.MATH):
+            math = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        assert not torch.equal(flash, math), "flash and math agree here: the test tells nothing"
+        for _ in range(6):  # adaptive mode: also once the step is a fused trace
+            out_n = F.scaled_dot_product_attention(qn, qn, qn, is_causal=True)
+            norm_n = F.rms_norm(xn, (4,), wn)
+            assert torch.equal(out_n.cpu(), flash)
+            assert torch.equal(norm_n.cpu(), F.rms_norm(x, (4,), w))
+        if mode == "eager":  # one launch each (record_ops sees only the outer op here)
+            before = _launches()
+            F.scaled_dot_product_attention(qn, qn, qn, is_causal=True)
+            F.rms_norm(xn, (4,), wn)
+            assert _launches() - before == 2
+
+
+# -- RMSNorm ----------------------------------------------------------------------------------
+
+RMS_CASES = {
+    "weight": {"weight": True, "eps": 1e-5},
+    "no_weight": {"weight": False, "eps": 1e-5},
+    "default_eps": {"weight": True, "eps": None},
+}
+
+
+@pytest.mark.parametrize("case", list(RMS_CASES))
+def test_rms_norm_is_one_op_each_way_and_matches_cpu_and_the_composite(case, eager):
+    spec = RMS_CASES[case]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 8, generator=g, requires_grad=True)
+    w = torch.randn(8, generator=g, requires_grad=True) if spec["weight"] else None
+    xn, wn = _to_neuron((x,))[0], (_to_neuron((w,))[0] if w is not None else None)
+    y = F.rms_norm(x, (8,), w, spec["eps"])
+    fwd = _kernel_ops(lambda: F.rms_norm(xn, (8,), wn, spec["eps"]))
+    assert fwd == ["neuron.rms_norm.default"]
+    yn = F.rms_norm(xn, (8,), wn, spec["eps"])
+    assert torch.equal(yn.cpu(), y)
+    leaves, leaves_n = [t for t in (x, w) if t is not None], [t for t in (xn, wn) if t is not None]
+    grads = torch.autograd.grad(y.square().sum(), leaves)
+    loss = yn.square().sum()
+    bwd = _kernel_ops(lambda: torch.autograd.grad(loss, leaves_n, retain_graph=True))
+    assert bwd.count("neuron.rms_norm_backward.default") == 1
+    assert "aten.rsqrt.default" not in bwd and "aten.mean.dim" not in bwd
+    grads_n = torch.autograd.grad(loss, leaves_n)
+    for a, b in zip(grads, grads_n):
+        assert torch.equal(b.cpu(), a)
+    # The composite decomposition run op by op on neuron gives the same bits.
+    xc, wc = xn.detach().requires_grad_(), (wn.detach().requires_grad_() if wn is not None else None)
+    composite = torch.ops.aten.rms_norm.default.decompose(xc, [8], wc, spec["eps"])
+    assert torch.equal(composite.cpu(), y)
+    for a, b in zip(torch.autograd.grad(composite.square().sum(), [t for t in (xc, wc) if t is not None]), grads):
+        assert torch.equal(a.cpu(), b)
+
+
+def test_rms_norm_gradient_for_the_weight_alone(eager):
+    x, w = torch.randn(3, 8), torch.randn(8, requires_grad=True)
+    xn, wn = x.to("neuron"), w.detach().to("neuron").requires_grad_()
+    F.rms_norm(xn, (8,), wn).sum().backward()
+    F.rms_norm(x, (8,), w).sum().backward()
+    assert xn.grad is None
+    assert torch.equal(wn.grad.cpu(), w.grad)
+
+
+def test_rms_norm_under_autocast_runs_in_float32(eager):
+    x = torch.randn(3, 8)
+    norm = nn.RMSNorm(8)
+    norm_n = nn.RMSNorm(8).to("neuron")
+    with torch.autocast("neuron", torch.bfloat16):
+        yn = norm_n(x.bfloat16().to("neuron"))
+    assert yn.dtype == torch.float32
+    assert torch.equal(yn.cpu(), norm(x.bfloat16().float()))
+
+
+def test_compiled_attention_and_rms_norm_match_eager_forward_and_backward(eager):
+    """torch.compile traces the kernels with their host bodies on FakeTensors (fake=True), and
+    the traced attention keeps the kernel the host picks (chosen outside the tracing modes)."""
+    def f(q, w):
+        return F.rms_norm(F.scaled_dot_product_attention(q, q, q, is_causal=True), (4,), w)
+
+    q, w = _to_neuron((torch.randn(2, 2, 5, 4, requires_grad=True), torch.randn(4, requires_grad=True)))
+    q2, w2 = _to_neuron((q, w))
+    expected = f(q, w)
+    expected.square().sum().backward()
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(f, backend="aot_eager")(q2, w2)
+        got.square().sum().backward()
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got.cpu(), expected.cpu())
+    assert torch.equal(q2.grad.cpu(), q.grad.cpu()) and torch.equal(w2.grad.cpu(), w.grad.cpu())
+
+
+# -- both kernels in a training loop, eager and adaptive ------------------------------------
+
+class TinyBlock(nn.Module):
+    def __init__(self, dim=16, heads=2, dropout=0.0):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.norm1, self.norm2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.qkv, self.proj, self.head = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), nn.Linear(dim, 4)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.head(self.norm2(x))
+
+
+def _train(device, mode, steps=8, dropout=0.0):
+    torch.manual_seed(0)  # seeds the neuron generator too
+    model = TinyBlock(dropout=dropout).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(2, 6, 16, generator=g).to(device), torch.randn(2, 6, 4, generator=g).to(device))
+            for _ in range(steps)]
+    losses, per_step = [], []
+    torch.manual_seed(1)  # dropout draws from CPU's generator on CPU, the device's on neuron: both seeded alike
+    with adaptive_eager.mode(mode):
+        adaptive_eager.reset_stats()
+        for x, y in data:
+            before = _launches()
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            per_step.append(_launches() - before)
+        losses = [float(v) for v in losses]
+    return losses, per_step, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_training_with_both_kernels_matches_cpu_in_eager_and_adaptive_mode():
+    cpu_losses, _, cpu_params = _train("cpu", "eager")
+    for mode in MODES:
+        losses, per_step, params = _train("neuron", mode)
+        assert losses == cpu_losses, mode
+        for a, b in zip(params, cpu_params):
+            assert torch.equal(a, b), mode
+    assert per_step[-1] == 1, per_step  # adaptive: a whole step, both kernels included, is one launch
+    with record_ops(devices=["neuron"], source=False) as rec:
+        _train("neuron", "eager", steps=1)
+    kernels = [n for n in rec.names() if n.startswith("neuron.")]
+    assert sorted(kernels) == sorted(["neuron.attention.default", "neuron.attention_backward.default"]
+                                     + ["neuron.rms_norm.default", "neuron.rms_norm_backward.default"] * 2)
+
+
+def test_training_with_attention_dropout_matches_cpu_in_eager_and_adaptive_mode():
+    cpu_losses, _, cpu_params = _train("cpu", "eager", dropout=0.3)
+    assert cpu_losses != _train("cpu", "eager")[0], "dropout changed nothing: the test compares nothing random"
+    for mode in MODES:
+        losses, per_step, params = _train("neuron", mode, dropout=0.3)
+        assert losses == cpu_losses, mode
+        for a, b in zip(params, cpu_params):
+            assert torch.equal(a, b), mode
+    assert per_step[-1] == 1, per_step  # the dropout kernel joins the step's fused launch
