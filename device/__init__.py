@@ -1,7 +1,14 @@
-"""The emulated AWS Trainium chip: profiles, memory, launches, clock, cost model, RNG.
+"""adaptive_eager.device (the repository's device/): the emulated AWS Trainium chip.
 
-This layer knows nothing of PyTorch dispatch or of traces; `dispatch/` and
-`adaptive_eager/` sit above it.
+Its job: what the chip is and does, whoever asks. Its settings (`settings.py`: every
+environment variable, one table), profiles and cost model (`profiles.py`, `cost.py`),
+memory, the runtime and clock (`runtime.py`), streams, profiler ranges, the `torch.neuron`
+module (`torch_module.py`), the NeuronCore's NKI simulator (`nki/`), and its C++ core
+(`csrc/`, compiled at install into `_C`, bound in `native.py`; csrc/README.md says which
+folder holds what: a new ATen kernel goes in csrc/aten/).
+
+The bottom layer: it imports nothing of adaptive_eager.dispatch or of the engine (the C++
+queue in csrc/engine/ holds what the engine defers, but knows no trace); those sit above it.
 """
 from .config import DeviceConfig
 from .settings import parse_size

@@ -298,10 +298,10 @@ def _fmt(template, key, values) -> str:
 def _package_dirs() -> tuple[str, ...]:
     # The folders of our three layers: adaptive_eager.device and .dispatch live beside
     # adaptive_eager/, not in it (pyproject.toml's package-dir).
-    import adaptive_eager.device
-    import adaptive_eager.dispatch
+    import adaptive_eager.device as device_layer  # `as`: found in sys.modules mid-import too
+    import adaptive_eager.dispatch as dispatch_layer
 
-    packages = (sys.modules["adaptive_eager"], adaptive_eager.device, adaptive_eager.dispatch)
+    packages = (sys.modules["adaptive_eager"], device_layer, dispatch_layer)
     ours = [os.path.join(os.path.abspath(p), "") for m in packages for p in m.__path__]
     return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, *ours)
 

@@ -165,3 +165,31 @@ def test_pure_cpu_pytorch_keeps_working_in_a_fresh_process():
     assert r == {"accelerator": "neuron", "pinned": [1.0, 1.0],
                  "batches": [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]],
                  "loaded": ["Tensor", "cpu", [0, 1, 2]], "grad_device": "cpu"}
+
+
+# -- the package's boundary with the user's process --------------------------------------------
+def _top_level_names_installed() -> set[str]:
+    """The top-level import names the adaptive-eager distribution puts on sys.path: its files',
+    or, for an editable install, the names its import finder serves."""
+    import ast
+    import importlib.metadata
+
+    names = set()
+    for f in importlib.metadata.distribution("adaptive-eager").files:
+        top = f.parts[0]
+        if top == ".." or top.endswith(".dist-info") or top == "__pycache__":  # scripts, metadata
+            continue
+        if top.startswith("__editable__"):  # setuptools' finder: MAPPING says what it serves
+            if f.suffix == ".py":
+                tree = ast.parse(f.locate().read_text())
+                mapping = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                               and getattr(node.target, "id", None) == "MAPPING")
+                names |= {name.split(".")[0] for name in ast.literal_eval(mapping)}
+            continue
+        names.add(top.removesuffix(".py"))
+    return names
+
+
+def test_the_distribution_installs_no_top_level_name_but_the_package_and_its_autoload():
+    # Generic names at the top (device, dispatch) once shadowed, and were shadowed by, users' files.
+    assert _top_level_names_installed() == {"adaptive_eager", "_adaptive_eager_autoload"}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from adaptive_eager import bench_cli
+from adaptive_eager.cli import bench as bench_cli
 from subproc import SUBPROCESS_TIMEOUT_S
 
 MLP_NEURON_ONLY = "mlp-train and not lazy and not compile"

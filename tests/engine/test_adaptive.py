@@ -257,7 +257,7 @@ def test_peak_memory_matches_eager_when_the_loop_keeps_its_losses():
 def test_steady_state_describes_no_op(monkeypatch):
     """Once a step is a cached trace, every op (the step's first included) is matched by
     generated code: none is described as an OpRecord, the slow path of the engine."""
-    from adaptive_eager import engine
+    from adaptive_eager.engine import executor as engine
 
     adaptive_eager.set_mode("adaptive")
     torch.manual_seed(0)

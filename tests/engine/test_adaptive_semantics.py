@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import adaptive_eager
-from adaptive_eager import engine
+from adaptive_eager.engine import executor as engine
 from adaptive_eager.mode import SWITCH
 from subproc import run_json
 

@@ -109,9 +109,14 @@ def _expert_weights(w_gate, w_up, w_down, e, f_len):
 def _check(x, router_w, w_gate, w_down):
     n, d = x.shape
     e, _, f = w_gate.shape
-    assert d <= P and e <= P, f"moe kernel: D={d} and E={e} must be <= {P}"
-    assert f <= nl.tile_size.psum_bank_fmax, f"moe kernel: F={f} must be <= {nl.tile_size.psum_bank_fmax}"
-    assert router_w.shape == (d, e) and w_down.shape == (e, f, d)
+    # Raised, not asserted: asserts vanish under `python -O`, and these check the caller's shapes.
+    if d > P or e > P:
+        raise ValueError(f"moe kernel: D={d} and E={e} must be <= {P} (one tile of partitions)")
+    if f > nl.tile_size.psum_bank_fmax:
+        raise ValueError(f"moe kernel: F={f} must be <= {nl.tile_size.psum_bank_fmax} (one PSUM bank)")
+    if router_w.shape != (d, e) or w_down.shape != (e, f, d):
+        raise ValueError(f"moe kernel: router_w {tuple(router_w.shape)} must be (D, E) = {(d, e)} and "
+                         f"w_down {tuple(w_down.shape)} must be (E, F, D) = {(e, f, d)}")
     return n, d, e, f
 
 
