@@ -13,9 +13,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 setup(
     # -g0: Python's own CFLAGS ask for debug info (-g), which for translation units that
-    # include torch's headers doubled the compile time (eager.cpp: 47 s with, 24 s without,
-    # on a 2-core machine) and made objects twenty times larger; symbol names for backtraces
-    # stay. The last -O wins over CFLAGS' -O3.
+    # include torch's headers doubled the compile time (the eager path, then one file of
+    # csrc/aten: 47 s with, 24 s without, on a 2-core machine) and made objects twenty times
+    # larger; symbol names for backtraces stay. The last -O wins over CFLAGS' -O3.
     # device/csrc is grouped by job (runtime/, aten/, cost/, engine/: device/csrc/README.md);
     # its files include the shared headers by their path from csrc/.
     ext_modules=[CppExtension("adaptive_eager.device._C", sorted(glob.glob("device/csrc/**/*.cpp", recursive=True)),

@@ -172,7 +172,7 @@ class Runtime:
                        [d.generator for d in self.devices])
 
     def install_eager(self) -> None:
-        """Register the C++ eager path (csrc/aten/eager.cpp), with this runtime's cost figures.
+        """Register the C++ eager path (csrc/aten/registration.cpp), with this runtime's cost figures.
         Once per process, after install()."""
         flop_us = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
         element_us = {dt: self.cost.us_per_vector_element(dt) for dt in _PRICED_DTYPES}

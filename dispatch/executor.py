@@ -1,6 +1,6 @@
 """The Executor interface between dispatch and the engine, and the plain eager executor.
 
-Every op on a neuron tensor runs on the C++ eager path (csrc/aten/eager.cpp) unless the adaptive
+Every op on a neuron tensor runs on the C++ eager path (csrc/aten/run_on_host.cpp) unless the adaptive
 engine, attached to the C++ route while adaptive mode is on, takes it. What the runtime
 asks of whichever executor is installed is only this: run what it holds back (a sync), and
 wait for what is already launched (a drain).

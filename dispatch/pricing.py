@@ -1,6 +1,6 @@
 """What one op costs on the device, from its host arguments: the roofline model's inputs.
 
-The C++ eager path prices aten ops itself (csrc/aten/eager.cpp); custom kernels, whose host
+The C++ eager path prices aten ops itself (csrc/aten/pricing.cpp); custom kernels, whose host
 implementation runs in Python, are priced here (Note [Custom kernel cost]).
 """
 from __future__ import annotations

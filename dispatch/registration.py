@@ -59,7 +59,7 @@ def register() -> None:
         torch._register_device_module(BACKEND_NAME, module)
         # The guard and hooks in C++, not torch's Python ones: Note [C++ device guard].
         runtime.install()
-        # Every op of a neuron tensor runs in C++ (csrc/aten/eager.cpp) unless the engine takes it.
+        # Every op of a neuron tensor runs in C++ (csrc/aten/run_on_host.cpp) unless the engine takes it.
         runtime.install_eager()
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)

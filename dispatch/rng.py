@@ -4,7 +4,7 @@ Note [RNG order]: random ops on `neuron` draw from the device's generator (csrc/
 generator.cpp), in the order they are issued, whether they run at once (eager mode) or in a
 deferred launch (adaptive mode): the launch runs the queue in issue order and each op takes
 the generator it was issued with. So both modes draw the same numbers. ATen kernels get the
-generator as their argument (`generator=None` is filled in at issue, aten/eager.cpp); host
+generator as their argument (`generator=None` is filled in at issue, aten/generator_lending.cpp); host
 code that can only draw from torch's default CPU generator (a custom kernel's body, the
 math path of attention with dropout) borrows the device generator's state with
 DefaultGeneratorLent.

@@ -135,7 +135,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_synchronizer", &set_synchronizer, "fn(device index, -1 for all) runs held-back work and waits");
   // generators
   m.def("host_generator", &neuron::host_generator, "the CPU generator a kernel draws from for a neuron generator");
-  // the eager path (aten/eager.cpp) and host aliases of device bytes
+  // the eager path (aten/registration.cpp) and host aliases of device bytes (aten/host_alias.cpp)
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");

@@ -165,8 +165,8 @@ struct OnChipShare {
   bool folded = false;  // a cast done by a neighbouring instruction: no Vector pass of its own
 };
 OnChipShare take_on_chip();
-// An empty tensor's new storage (eager.cpp's factories): while ops are queued, its first queued
-// writer makes a value of the launch.
+// An empty tensor's new storage (aten/kernels.cpp's factories): while ops are queued, its first
+// queued writer makes a value of the launch.
 void note_fresh_storage(const c10::Storage& storage);
 // ranges.cpp: profiler ranges (Note [Profiler ranges] in device/profiling.py).
 bool profiling();  // a torch profiler records now; ask before building a Range
@@ -214,8 +214,8 @@ void refund(c10::DeviceIndex d, double op_us, int64_t num_ops);
 Counters counters(c10::DeviceIndex d);
 void reset_counters();
 
-// eager.cpp: the eager path of neuron tensors (CPU kernels on device memory), with the
-// cost model's figures.
+// aten/: the eager path of neuron tensors (CPU kernels on device memory). registration.cpp
+// installs it with the cost model's figures, by which pricing.cpp prices each op.
 // `converted`: the dtypes whose matmuls are priced as converted, and why (warned once each).
 struct Rates {  // µs per unit by ScalarType code, else the default
   std::vector<std::pair<int, double>> by_type;
@@ -228,12 +228,13 @@ struct EagerCosts {
   Rates us_per_element;  // the Vector Engine's (Note [The Vector Engine floor] in device/cost.py)
 };
 void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std::string>>& converted);
+// pricing.cpp
 double on_chip_bytes();
 bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops counts FLOPs of
 // layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
 // alive in libraries (Note [Dense layouts only]).
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
-// The op on the eager path now, whatever the route (after the queue has run).
+// run_on_host.cpp: the op on the eager path now, whatever the route (after the queue has run).
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // The kernel of every op neuron runs on the CPU's kernels: offered to the engine's route, else
 // run on host aliases now.
@@ -243,8 +244,8 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void watch_third_party_composites();
 void cover_third_party_composites();
 std::vector<std::string> covered_third_party_composites();
-// A CPU tensor on t's bytes that keeps them alive; a neuron tensor adopting host's bytes
-// (zero-copy, charged to device).
+// host_alias.cpp: a CPU tensor on t's bytes that keeps them alive; a neuron tensor adopting
+// host's bytes (zero-copy, charged to device).
 at::Tensor owning_host_alias(const at::Tensor& t);
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
 

@@ -1,5 +1,5 @@
 """Neuron tensors are real PrivateUse1 tensors with storage from
-the C++ allocator, every op run by the C++ eager path (device/csrc/aten/eager.cpp).
+the C++ allocator, every op run by the C++ eager path (device/csrc/aten/run_on_host.cpp).
 
 Each test pins a symptom of the wrapper design (issue 11's table) or a behaviour the
 eager path must keep: CPU's bits, one launch per op, exact memory accounting.

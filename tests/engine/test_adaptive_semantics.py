@@ -488,7 +488,7 @@ def test_an_index_tensor_changed_after_the_gather_was_issued_does_not_change_its
     assert all(torch.equal(a, b) for a, b in zip(run("adaptive"), run("eager")))
 
 
-RUN_WHOLE = {  # functional ops whose CPU kernel computes through their out= variant (eager.cpp's kRunWhole)
+RUN_WHOLE = {  # functional ops whose CPU kernel computes through their out= variant (registration.cpp's kRunWhole)
     "abs": lambda x: x.abs(),
     "logical_and": lambda x: torch.logical_and(x > 0, x < 0.5).float(),
     "logical_not": lambda x: torch.logical_not(x > 0).float(),

@@ -61,7 +61,7 @@ struct PinnedAllocator final : public at::HostAllocator {
     return c10::DataPtr(data, data, &free_pinned, c10::Device(c10::kCPU));
   }
 
-  // A transfer between host and device runs when it is called (copy_from, eager.cpp), so
+  // A transfer between host and device runs when it is called (copy_from, aten/kernels.cpp), so
   // no stream has to finish before a pinned block is freed.
   bool record_event(void* /*ptr*/, void* /*ctx*/, c10::Stream /*stream*/) override { return true; }
 

@@ -1,0 +1,102 @@
+// What the files of the eager path (device/csrc/aten) share among themselves: pricing.cpp's
+// clock, host_alias.cpp's aliases, generator_lending.cpp's generators, kernels.cpp's kernels
+// for registration.cpp. Internal to device/csrc/aten (neuron.h is the core's interface).
+#pragma once
+
+#include "neuron.h"
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/Storage.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace neuron {
+namespace eager_detail {
+
+// -- pricing.cpp: ops on the modelled clock -------------------------------------------------
+// The cost model's figures, from install_eager (once).
+void set_costs(const EagerCosts& costs, const std::vector<std::pair<int, std::string>>& converted);
+// A copy of nbytes over HBM (a transfer to, from or between devices), in µs.
+double transfer_us(double nbytes);
+// A convolution's flags, read from its arguments before it runs (op_flops needs them after).
+struct ConvFlags {
+  bool transposed = false;
+  bool grad_input = false, grad_weight = false;  // convolution_backward's output_mask
+};
+ConvFlags conv_flags(const c10::OperatorName& name, const torch::jit::Stack& stack, size_t first);
+// FLOPs as torch.utils.flop_counter counts them; 0 for ops priced by the bytes they move.
+double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in, const ConvFlags& conv,
+                const c10::IValue* out, size_t num_out);
+// One op launched on d's clock at its roofline (and in the op log); its time.
+double launch_op(c10::DeviceIndex d, const std::string& name, double flops, double nbytes, double elements,
+                 at::ScalarType dtype);
+
+// -- host_alias.cpp: Note [Host aliases] ----------------------------------------------------
+// A tensor with `like`'s dtype, geometry and math bits, on `storage`, for `key`'s backend.
+at::Tensor tensor_like_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like);
+// t as a CPU tensor on `alias`, a host alias of t's storage (shared by an op's arguments on it).
+at::Tensor host_alias_on(const c10::Storage& alias, const at::Tensor& t);
+// t as a CPU tensor on a new host alias of its storage.
+at::Tensor host_alias(const at::Tensor& t);
+// A neuron storage that adopts a CPU storage's bytes, zero-copy, charged to device d.
+c10::Storage adopt(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result);
+// A neuron tensor on `storage` with `geometry`'s dtype, geometry and math bits.
+at::Tensor neuron_tensor_on(c10::Storage storage, const at::Tensor& geometry);
+
+// -- generator_lending.cpp: random ops draw from the device's generator ---------------------
+// Whether a schema argument is a Generator or Generator?.
+bool is_optional_generator(const c10::Argument& a);
+// Inside the block, torch's default CPU generator draws from `lender`'s state; on exit the
+// state reached goes back to `lender` and the default gets its own back, exception or not.
+struct DefaultGeneratorLent {
+  at::Generator lender;
+  at::Generator def;
+  c10::intrusive_ptr<c10::TensorImpl> saved;
+
+  explicit DefaultGeneratorLent(at::Generator g);
+  ~DefaultGeneratorLent();
+};
+// Before an op on the stack (arguments from `first`) runs on the host for device d: its
+// generator argument (index generator_arg, -1 if none) becomes the host generator it draws
+// from; an op without one that draws gets torch's default lent (kept until the kernel returns).
+std::unique_ptr<DefaultGeneratorLent> lend_generator(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                                                     size_t first, int generator_arg, c10::DeviceIndex d);
+
+// -- kernels.cpp: the kernels every backend must have, registered by registration.cpp ------
+at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                               c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                               c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format);
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<at::ScalarType> dtype,
+                         c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                         c10::optional<bool> pin_memory);
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                                 c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                                 c10::optional<bool> pin_memory);
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      c10::optional<int64_t> storage_offset);
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size);
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride);
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format);
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride);
+at::Tensor& set_empty(at::Tensor& self);
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+at::Scalar local_scalar_dense(const at::Tensor& self);
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from);
+void record_stream(at::Tensor& self, c10::Stream stream);
+// scaled_dot_product_attention's kernel choice, as CPU makes it (_fused_sdp_choice_stub).
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         c10::optional<double> scale, bool enable_gqa);
+
+}  // namespace eager_detail
+}  // namespace neuron

@@ -1,0 +1,249 @@
+// The kernels every backend must have, and those neuron's fallback would run wrong: allocation,
+// views, resizes, copies and scalar reads between host and device, plus the few questions torch
+// asks a backend (shallow-copy compatibility, the attention kernel's choice, record_stream).
+// Registered at PrivateUse1 by registration.cpp; every other op takes the fallback
+// (run_on_host.cpp).
+#include "aten/eager_internal.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
+#include <ATen/ops/_fused_sdp_choice_ops.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <typeinfo>
+#include <utility>
+
+namespace neuron {
+namespace eager_detail {
+namespace {
+
+using c10::DeviceIndex;
+
+void check_dense_unpinned(c10::optional<at::Layout> layout, c10::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "neuron tensors are dense (strided) only; keep sparse tensors on the CPU");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
+}
+
+}  // namespace
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                               c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                               c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format) {
+  check_dense_unpinned(layout, pin_memory);
+  const c10::DeviceGuard guard(c10::device_or_default(device));  // the allocator takes the current device
+  at::Tensor t = at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype), memory_format);
+  note_fresh_storage(t.storage());
+  return t;
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<at::ScalarType> dtype,
+                         c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                         c10::optional<bool> pin_memory) {
+  check_dense_unpinned(layout, pin_memory);
+  const c10::DeviceGuard guard(c10::device_or_default(device));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, c10::GetAllocator(kNeuron),
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                   c10::dtype_or_default(dtype));
+  note_fresh_storage(t.storage());
+  return t;
+}
+
+// Forward-mode AD and torch.func make tangents that are known zeros this way: a tensor with
+// the ZeroTensor key and no bytes, which the ZeroTensor fallback turns into zeros where an op
+// needs values. The host fallback made a CPU ZeroTensor and adopted it as a plain neuron
+// tensor without bytes, which read as a failed deferred value. As CUDA makes it.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                                 c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                                 c10::optional<bool> pin_memory) {
+  check_dense_unpinned(layout, pin_memory);
+  c10::Device on = c10::device_or_default(device);
+  if (!on.has_index()) {
+    on.set_index(current_device());
+  }
+  at::native::ZeroTensorAllocator allocator(on);
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &allocator, keys, c10::dtype_or_default(dtype), c10::nullopt);
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      c10::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+// Both may grow the storage through its allocator, the neuron one, which allocates on the
+// current device: hence the guard. New bytes are charged, old ones released.
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format) {
+  sync_before_host_access();  // queued ops hold the old bytes' geometry; they run first
+  const c10::DeviceGuard guard(self.device());
+  return at::native::resize_(self, size, format);
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  sync_before_host_access();
+  const c10::DeviceGuard guard(self.device());
+  return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  const c10::DeviceGuard guard(self.device());
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(kNeuron)->allocate(0),
+                     c10::GetAllocator(kNeuron), /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, {0}, {});
+}
+
+// A copy that crosses the host/device boundary (or devices) is a transfer on the clock; one
+// within a device is a kernel launch, priced by the bytes it reads and writes.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const bool src_neuron = self.device().type() == kNeuron;
+  const bool dst_neuron = dst.device().type() == kNeuron;
+  if (src_neuron && dst_neuron && self.device() == dst.device()) {
+    // A kernel on one device: the adaptive engine may defer it, as any other op. Offered as
+    // the copy_ it comes from, whose schema says which tensor it writes (_copy_from's does not);
+    // a queued copy_ reaches this kernel again when its launch runs.
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+    torch::jit::Stack stack{dst, self, non_blocking};
+    if (route_op(op, &stack)) {
+      return dst;
+    }
+  } else if (src_neuron || bytes_shared(dst.storage()) || (dst.storage().data() == nullptr && dst.storage().nbytes() > 0)) {
+    // A transfer reads or writes device memory now: what is queued runs first. A copy into
+    // bytes only dst holds (`.to('neuron')` right after its allocation), or into no bytes at
+    // all (`torch.tensor([], device='neuron')`, as HF's DynamicCache makes per layer and
+    // step), waits for nothing, and is no sync point.
+    sync_before_host_access();
+  }
+  cover_third_party_composites();  // Note [Third-party composite ops]: weights moving to the device
+  const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
+  std::optional<Range> range;
+  if (profiling() && !(within_device && in_fused_launch())) {
+    range.emplace(within_device ? "neuron::aten::copy_" : transfer_range_name(src_neuron, dst_neuron));
+  }
+  at::Tensor src_host = src_neuron ? host_alias(self) : self;
+  // One alias storage for both when they share one (Note: overlap is found by storage identity).
+  at::Tensor dst_host = !dst_neuron ? dst
+                        : src_neuron && same_bytes(dst.storage(), self.storage()) ? host_alias_on(src_host.storage(), dst)
+                                                                                 : host_alias(dst);
+  dst_host.copy_(src_host, non_blocking);
+  const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
+  if (within_device) {  // reads the source, writes the destination (a cast's two differ)
+    static const std::string kCopy = "aten::copy_";
+    const double moved = nbytes + static_cast<double>(self.numel()) * self.element_size();
+    const double us = launch_op(dst.device().index(), kCopy, 0, moved, static_cast<double>(dst.numel()), dst.scalar_type());
+    if (range) {
+      mark_device_time(us, "ops", 1, dst.device().index());
+    }
+  } else {
+    const DeviceIndex d = dst_neuron ? dst.device().index() : self.device().index();
+    transfer(d, static_cast<int64_t>(nbytes), transfer_us(nbytes));
+    if (range) {
+      mark_device_time(transfer_us(nbytes), "bytes", static_cast<int64_t>(nbytes), d);
+    }
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_(dst, self.sizes(), c10::nullopt);
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  sync_before_host_access("sync: aten._local_scalar_dense.default");  // the profiler range of every host read of a scalar
+  std::optional<Range> range;
+  if (profiling()) {
+    range.emplace(transfer_range_name(true, false));
+  }
+  const at::Tensor host = self.device().type() == kNeuron ? host_alias(self) : self;
+  const double us = transfer_us(static_cast<double>(self.element_size()));
+  transfer(self.device().index(), static_cast<int64_t>(self.element_size()), us);
+  if (range) {
+    mark_device_time(us, "bytes", static_cast<int64_t>(self.element_size()), self.device().index());
+  }
+  return at::_local_scalar_dense(host);
+}
+
+// `cpu_param.data = cpu_param.to('neuron')` (FSDP2 moving a module, nn.Module code) asks
+// whether the two tensors' impls are interchangeable. torch's own answer lists the dense
+// backends it knows (CPU, CUDA, XPU, ...), not PrivateUse1, and so says no. Dense strided
+// tensors of the host and the device are the same TensorImpl type, as CPU and CUDA ones are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto plain = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested() &&
+           (t.device().type() == kNeuron || t.device().type() == c10::kCPU) &&
+           typeid(*t.unsafeGetTensorImpl()) == typeid(c10::TensorImpl);
+  };
+  if (plain(self) && plain(from)) {
+    return true;
+  }
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
+namespace {
+
+// scaled_dot_product_attention asks this stub which kernel to take; unset for PrivateUse1 it
+// takes the math decomposition, where CPU takes _scaled_dot_product_flash_attention_for_cpu:
+// other bits. Asking CPU's stub takes CPU's kernel, run by the fallback.
+//
+// The choice reads metadata only (sizes, strides, dtype, requires_grad), so CPU's stub gets
+// shadows on storages without bytes, never host aliases: aliasing a deferred value would sync
+// (cutting an adaptive trace at every attention whose mask needs a gradient), and a fake tensor
+// (torch.compile tracing T5's position bias) has no bytes to alias at all. The CPU kernel is
+// reached by redispatch, past the Python keys: an active fake mode would take the CPU shadows.
+at::Tensor host_shadow(const at::Tensor& t) {
+  // Sized from the geometry: a wrapper subclass (DTensor's local view, functionalization's
+  // wrapper) may have no storage to ask.
+  const size_t nbytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.dtype().itemsize(),
+                                                         t.storage_offset());
+  c10::Storage no_bytes(c10::Storage::use_byte_size_t(), nbytes,
+                        c10::DataPtr(nullptr, c10::Device(c10::kCPU)), /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor shadow = tensor_like_on(std::move(no_bytes), c10::DispatchKey::CPU, t);
+  if (t.requires_grad()) {  // a mask that needs a gradient rules out flash
+    shadow.set_requires_grad(true);
+  }
+  return shadow;
+}
+
+}  // namespace
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         c10::optional<double> scale, bool enable_gqa) {
+  auto on_host = [](const at::Tensor& t) { return t.device().type() == kNeuron ? host_shadow(t) : t; };
+  const c10::optional<at::Tensor> host_mask = mask.has_value() && mask->defined()
+                                                 ? c10::optional<at::Tensor>(on_host(*mask)) : mask;
+  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), on_host(q), on_host(k),
+                                                  on_host(v), host_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+// FSDP1 (and CUDA-style code) calls t.record_stream(s) so that a caching allocator does not
+// hand t's block to another stream while s may still use it. Every stream of the device is
+// one queue (Note [One queue per device] in streams.cpp), and a launch on the device stream
+// holds its arguments' storages until it ends, so nothing is left to record: checked, and
+// done. Without this kernel the fallback ran it on the host aliases, where CPU has none.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron && stream.device_index() == self.device().index(),
+              "record_stream: the stream is on ", stream.device(), " but the tensor is on ", self.device(),
+              "; record a stream of the tensor's own device");
+}
+
+}  // namespace eager_detail
+}  // namespace neuron

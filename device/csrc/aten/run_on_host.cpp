@@ -1,0 +1,412 @@
+// The eager path of neuron tensors: every ATen op runs its CPU kernel on the host memory the
+// device tensors own, without entering Python. The fallback every op of a neuron tensor reaches
+// (registration.cpp) offers the op to the adaptive engine's route, else runs it here, now: its
+// arguments as host aliases, its results mapped back (Note [Host aliases] in host_alias.cpp),
+// its time on the device's clock (pricing.cpp).
+#include "aten/eager_internal.h"
+
+#include <ATen/core/jit_type.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace neuron {
+namespace eager_detail {
+namespace {
+
+using c10::DeviceIndex;
+using c10::IValue;
+
+// As Python prints it (torch.sparse_coo), for error messages.
+const char* layout_name(c10::Layout layout) {
+  switch (layout) {
+    case c10::kSparse: return "torch.sparse_coo";
+    case c10::kSparseCsr: return "torch.sparse_csr";
+    case c10::kSparseCsc: return "torch.sparse_csc";
+    case c10::kSparseBsr: return "torch.sparse_bsr";
+    case c10::kSparseBsc: return "torch.sparse_bsc";
+    case c10::kJagged: return "torch.jagged";
+    case c10::kMkldnn: return "torch._mkldnn";
+    default: return "non-strided";
+  }
+}
+
+// Whether a list IValue holds tensors (Tensor[], Tensor?[], Tensor[][]): int[] and the like,
+// on every op's path, are passed on untouched.
+bool holds_tensors(const IValue& v) {
+  c10::TypePtr element = v.toList().elementType();
+  while (element->kind() == c10::TypeKind::ListType || element->kind() == c10::TypeKind::OptionalType) {
+    element = element->containedType(0);
+  }
+  return element->kind() == c10::TypeKind::TensorType;
+}
+
+// Where an item of a HostCall vector is, by a key derived from it: the vector itself searched
+// linearly while short (an op has a handful of arguments, and this runs per op: no allocation),
+// a hash map of it, caught up lazily, once long (a foreach op over every parameter of a deep
+// model has thousands: linear searches made it quadratic, 0.27 s an op at 5,000 tensors).
+template <typename Key>
+struct Index {
+  static constexpr size_t npos = static_cast<size_t>(-1);
+  static constexpr size_t kLinear = 16;
+  std::unordered_map<Key, size_t> hashed;
+  size_t hashed_up_to = 0;  // items [0, hashed_up_to) are in `hashed`
+
+  // The first item whose key_of(item) is key, as a linear search finds it; npos if none.
+  template <typename Item, typename KeyOf>
+  size_t find(const std::vector<Item>& items, Key key, KeyOf key_of) {
+    if (items.size() <= kLinear) {
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (key_of(items[i]) == key) {
+          return i;
+        }
+      }
+      return npos;
+    }
+    for (; hashed_up_to < items.size(); ++hashed_up_to) {
+      hashed.emplace(key_of(items[hashed_up_to]), hashed_up_to);  // emplace keeps the first
+    }
+    auto it = hashed.find(key);
+    return it == hashed.end() ? npos : it->second;
+  }
+};
+
+// One op's arguments on the host, and what maps results back (Note [Host aliases] in
+// host_alias.cpp).
+struct HostCall {
+  DeviceIndex device = -1;
+  DeviceIndex target = -1;  // the device a `device=` argument names
+  bool cpu_indices_ok = false;
+  double in_bytes = 0;
+  double in_elements = 0;  // summed: the Vector Engine streams each input (Note [The Vector Engine floor])
+  c10::optional<at::ScalarType> dtype;
+  // (host storage, neuron storage): each alias storage and the neuron storage it aliases, and
+  // each new result's CPU storage and the neuron storage that adopted it; found by the neuron
+  // storage's bytes (same_bytes) or by the host storage
+  using StoragePair = std::pair<c10::Storage, c10::Storage>;
+  std::vector<StoragePair> storages;
+  Index<const void*> by_bytes;
+  Index<const c10::StorageImpl*> by_host;
+  // alias TensorImpl -> the neuron argument it stands for (kept alive for the call)
+  using Original = std::pair<const c10::TensorImpl*, at::Tensor>;
+  std::vector<Original> originals;
+  Index<const c10::TensorImpl*> by_alias;
+  std::vector<at::Tensor> aliases;  // the host aliases, in argument order
+
+  // The entry of storages whose neuron storage holds these bytes (same_bytes), or npos.
+  size_t storage_with_bytes(const c10::Storage& s) {
+    return by_bytes.find(storages, bytes_key(s), [](const StoragePair& p) { return bytes_key(p.second); });
+  }
+
+  size_t storage_with_host(const c10::Storage& host) {
+    return by_host.find(storages, static_cast<const c10::StorageImpl*>(host.unsafeGetStorageImpl()),
+                        [](const StoragePair& p) { return static_cast<const c10::StorageImpl*>(p.first.unsafeGetStorageImpl()); });
+  }
+
+  at::Tensor* original_of(const at::Tensor& alias) {
+    const size_t i = by_alias.find(originals, static_cast<const c10::TensorImpl*>(alias.unsafeGetTensorImpl()),
+                                   [](const Original& o) { return o.first; });
+    return i == Index<const c10::TensorImpl*>::npos ? nullptr : &originals[i].second;
+  }
+
+  [[noreturn]] void mismatch(const std::string& a, const std::string& b, const c10::OperatorName& op) {
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a,
+                " and ", b, "! (when running ", op, "). Move them to one device first, e.g. with .to('", a, "').");
+  }
+
+  at::Tensor to_host(const at::Tensor& t, const c10::OperatorName& op) {
+    if (!t.defined()) {
+      return t;
+    }
+    if (t.device().type() != kNeuron) {
+      // CPU 0-dim tensors are scalars, as on CUDA; CPU index tensors are allowed for indexing.
+      if (t.dim() != 0 && !cpu_indices_ok && !t.is_meta()) {
+        mismatch("neuron:" + std::to_string(device < 0 ? 0 : device), t.device().str(), op);
+      }
+      return t;
+    }
+    const DeviceIndex d = t.device().index();
+    if (device >= 0 && d != device) {
+      mismatch("neuron:" + std::to_string(device), "neuron:" + std::to_string(d), op);
+    }
+    device = d;
+    if (!dtype) {
+      dtype = t.scalar_type();
+    }
+    in_bytes += static_cast<double>(t.numel()) * t.element_size();
+    in_elements += static_cast<double>(t.numel());
+    at::Tensor alias;
+    const size_t same = storage_with_bytes(t.storage());
+    if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias
+      alias = host_alias_on(storages[same].first, t);
+    } else {
+      alias = host_alias(t);
+      storages.emplace_back(alias.storage(), t.storage());
+    }
+    originals.emplace_back(alias.unsafeGetTensorImpl(), t);
+    aliases.push_back(alias);
+    return alias;
+  }
+
+  IValue arg_to_host(IValue v, const c10::OperatorName& op) {
+    if (v.isTensor()) {
+      return to_host(v.toTensor(), op);
+    }
+    if (v.isList() && holds_tensors(v)) {
+      // A new list, never the caller's: a boxed List argument shares its elements with the
+      // caller's c10::List (index's indices), which must keep its neuron tensors.
+      return map_list(v, [&](IValue e, size_t) { return arg_to_host(std::move(e), op); });
+    }
+    if (v.isDevice() && v.toDevice().type() == kNeuron) {
+      target = checked_device(v.toDevice().has_index() ? v.toDevice().index() : current_device());
+      return IValue(c10::Device(c10::kCPU));
+    }
+    return v;
+  }
+
+  at::Tensor from_host(const at::Tensor& r, DeviceIndex d) {
+    if (!r.defined() || r.device().type() != c10::kCPU) {
+      return r;
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(!r.is_nested(), "neuron tensors are dense (strided) only, but this op produced a nested "
+        "tensor of the strided layout. Use the jagged layout, which is built of dense tensors and runs on neuron: "
+        "torch.nested.nested_tensor(tensors, layout=torch.jagged, device='neuron').");
+    if (r.layout() != c10::kStrided) {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors are dense (strided) only, but this op produced a ",
+          layout_name(r.layout()), " tensor. Keep sparse tensors on the CPU (x.cpu().to_sparse()), or use a dense equivalent "
+          "(to_dense(), torch.mm on dense tensors) on neuron.");
+    }
+    if (at::Tensor* same = original_of(r)) {
+      return *same;  // written in place (its geometry is synced by sync_written)
+    }
+    const size_t view = storage_with_host(r.storage());
+    if (view != Index<const c10::StorageImpl*>::npos) {
+      return neuron_tensor_on(storages[view].second, r);  // a view of an argument, or of an earlier new result
+    }
+    c10::Storage adopted = adopt(r.storage(), d, /*new_result=*/true);
+    // Other results on the same new bytes (several views of one buffer) share the storage.
+    storages.emplace_back(r.storage(), adopted);
+    return neuron_tensor_on(adopted, r);
+  }
+
+  // Adds the result's bytes to *out_bytes and raises *out_elements to its largest output.
+  IValue result_from_host(IValue v, DeviceIndex d, double* out_bytes, double* out_elements) {
+    if (v.isTensor()) {
+      const at::Tensor& r = v.toTensor();
+      if (r.defined()) {
+        *out_bytes += static_cast<double>(r.numel()) * r.element_size();
+        *out_elements = std::max(*out_elements, static_cast<double>(r.numel()));
+      }
+      return from_host(r, d);
+    }
+    if (v.isList() && holds_tensors(v)) {  // Tensor[], Tensor[][] (c10d)
+      return map_list(v, [&](IValue e, size_t) { return result_from_host(std::move(e), d, out_bytes, out_elements); });
+    }
+    return v;
+  }
+
+  // A written argument whose alias the kernel resized (or reallocated): the neuron tensor
+  // takes the alias's geometry, and its new bytes.
+  void sync_written(const at::Tensor& alias) {
+    at::Tensor* found = original_of(alias);
+    if (found == nullptr) {
+      return;
+    }
+    at::Tensor& original = *found;
+    c10::TensorImpl* impl = original.unsafeGetTensorImpl();
+    if (alias.storage().data() != original.storage().data() || alias.storage().nbytes() != original.storage().nbytes()) {
+      impl->set_storage_keep_dtype(adopt(alias.storage(), original.device().index(), /*new_result=*/false));
+    }
+    if (original.sizes() != alias.sizes() || original.strides() != alias.strides() ||
+        original.storage_offset() != alias.storage_offset()) {
+      impl->set_sizes_and_strides(alias.sizes(), alias.strides(), alias.storage_offset());
+    }
+  }
+};
+
+bool is_cpu_index_op(const c10::OperatorName& name) {
+  const std::string& n = name.name;
+  return n == "aten::index" || n == "aten::index_put_" || n == "aten::index_put" || n == "aten::_index_put_impl_";
+}
+
+// Elements at most in the result of a factory run whole (Note [CPU kernels whole] in
+// registration.cpp), read from its arguments; -1 when they do not say (another op, or
+// arguments of other types).
+double factory_numel_bound(const c10::OperatorName& name, const torch::jit::Stack& stack, size_t first) {
+  auto number = [&](size_t i) {
+    const IValue& v = stack[first + i];
+    return v.isInt() ? static_cast<double>(v.toInt()) : v.isDouble() ? v.toDouble() : std::nan("");
+  };
+  const std::string& n = name.name;
+  const std::string& overload = name.overload_name;
+  double bound = -1;
+  if (n == "aten::arange" || n == "aten::range") {
+    const double start = overload.empty() ? 0 : number(0);
+    const double end = number(overload.empty() ? 0 : 1);
+    const double step = overload == "start_step" || overload == "step" ? number(2) : 1;
+    bound = std::abs(end - start) / std::abs(step) + 1;
+  } else if ((n == "aten::linspace" || n == "aten::logspace") && overload.empty()) {
+    bound = number(2);
+  } else if (n == "aten::eye") {
+    bound = number(0) * (overload == "m" ? number(1) : number(0));
+  } else if (n == "aten::randperm") {
+    bound = number(0);
+  }
+  return std::isfinite(bound) ? bound : -1;
+}
+
+// A factory run whole on the host (arange, eye, linspace, randperm) would fill host memory
+// with its result before the device's allocator, adopting it, found it too large (4 GiB of
+// RSS for a 1 GiB device). Where its arguments bound the result within the free memory
+// (the usual case: arange(seq_len) every step), nothing more is asked; else its meta run
+// sizes the result (~30 us), and the device's capacity is checked before any host byte.
+void check_factory_fits(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, DeviceIndex d) {
+  constexpr double kMaxElementBytes = 16;  // complex128
+  const double numel = factory_numel_bound(op.schema().operator_name(), stack, first);
+  if (numel >= 0 && numel * kMaxElementBytes < 1e18 &&
+      fits(d, static_cast<int64_t>(numel * kMaxElementBytes))) {
+    return;
+  }
+  torch::jit::Stack meta(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end());
+  for (IValue& v : meta) {
+    if (v.isDevice()) {
+      v = IValue(c10::Device(c10::kMeta));
+    } else if (v.isGenerator()) {
+      v = IValue();  // meta kernels draw nothing
+    }
+  }
+  try {
+    op.callBoxed(&meta);
+  } catch (const std::exception&) {
+    return;  // no meta kernel: the allocator checks when the result is adopted
+  }
+  int64_t nbytes = 0;
+  for (const IValue& v : meta) {
+    if (v.isTensor()) {
+      nbytes += static_cast<int64_t>(v.toTensor().storage().nbytes());
+    }
+  }
+  check_fits(d, nbytes);
+}
+
+// An op torch has no CPU kernel for cannot run on neuron, whose every op is the CPU's kernel on
+// the device's bytes: say so, with the backends it does have kernels for, instead of torch's
+// "Could not run ... with arguments from the 'CPU' backend".
+void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    return;  // the CPU kernel itself refused these arguments: its message stands
+  }
+  std::string where;
+  for (const auto key : {c10::DispatchKey::CUDA, c10::DispatchKey::HIP, c10::DispatchKey::XPU, c10::DispatchKey::MPS}) {
+    if (op.hasKernelForDispatchKey(key)) {
+      where += std::string(where.empty() ? "" : ", ") + c10::toString(key);
+    }
+  }
+  const std::string& name = op.operator_name().name;
+  std::string hint = "compute it with ops the CPU has";
+  if (name == "aten::_scaled_grouped_mm") {
+    hint = "dequantize the operands (to bfloat16, times their scales) and call torch._grouped_mm, which runs on neuron";
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(false, name, " has no CPU kernel in torch ", TORCH_VERSION,
+                              where.empty() ? std::string() : " (it has kernels for " + where + " only)",
+                              ", and neuron runs every op with the CPU's kernel on the device's bytes: it cannot "
+                              "run on neuron; ", hint, ".");
+}
+
+void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const c10::OperatorName& name = schema.operator_name();
+  const size_t num_args = schema.arguments().size();
+  const size_t first = stack->size() - num_args;
+  HostCall call;
+  call.cpu_indices_ok = is_cpu_index_op(name);
+  int generator_arg = -1;
+  for (size_t i = 0; i < num_args; ++i) {
+    IValue& v = (*stack)[first + i];
+    if (generator_arg < 0 && is_optional_generator(schema.arguments()[i])) {
+      generator_arg = static_cast<int>(i);
+      continue;
+    }
+    v = call.arg_to_host(std::move(v), name);
+  }
+  const DeviceIndex d = call.device >= 0 ? call.device : (call.target >= 0 ? call.target : current_device());
+  const DeviceIndex result_device = call.target >= 0 ? call.target : d;
+  // A factory on the device; in a launch its output was charged (and checked) at issue.
+  if (call.aliases.empty() && call.target >= 0 && charges_new_results()) {
+    check_factory_fits(op, *stack, first, call.target);
+  }
+  std::unique_ptr<DefaultGeneratorLent> lent = lend_generator(op, stack, first, generator_arg, d);
+
+  const ConvFlags conv = conv_flags(name, *stack, first);
+  const Touch touch = touch_of(name, *stack, first);  // Note [Gathers and scatters] (touched.cpp)
+  std::optional<Range> range;  // an eager launch's own range; a fused launch's ops have none
+  if (profiling() && !in_fused_launch()) {
+    range.emplace("neuron::" + name.name);
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (const c10::NotImplementedError&) {
+    refuse_without_cpu_kernel(op);  // says why in neuron's terms, or rethrows what the kernel said
+    throw;
+  }
+  lent.reset();
+
+  // Written arguments first: a result that is a written argument must see its new geometry.
+  for (size_t i = 0; i < num_args; ++i) {
+    const auto* alias_info = schema.arguments()[i].alias_info();
+    if (alias_info != nullptr && alias_info->isWrite()) {
+      for (size_t k = 0; k < call.aliases.size(); ++k) {
+        call.sync_written(call.aliases[k]);
+      }
+      break;
+    }
+  }
+  double out_bytes = 0;
+  double out_elements = 0;
+  const size_t num_returns = schema.returns().size();
+  const size_t results = stack->size() - num_returns;
+  for (size_t i = 0; i < num_returns; ++i) {
+    IValue& v = (*stack)[results + i];
+    v = call.result_from_host(std::move(v), result_device, &out_bytes, &out_elements);
+  }
+  const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
+  OpTraffic traffic{call.in_bytes, call.in_elements, out_bytes, out_elements};
+  count_touched_bytes(touch, call.aliases, &traffic);
+  const double us = launch_op(d, name.name, flops, traffic.in_bytes + traffic.out_bytes,
+                             std::max(traffic.in_elements, traffic.out_elements), call.dtype.value_or(at::kFloat));
+  if (range) {
+    mark_device_time(us, "ops", 1, d);
+  }
+}
+
+}  // namespace
+}  // namespace eager_detail
+
+void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  cover_third_party_composites();  // a library loaded since: before its ops meet neuron tensors
+  if (route_op(op, stack)) {  // the adaptive engine took it (Note [Deferred launches])
+    return;
+  }
+  eager_detail::run_on_host(op, stack);
+}
+
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_before_eager();
+  const RouteBypass bypass;
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+}
+
+}  // namespace neuron
