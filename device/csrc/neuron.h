@@ -111,6 +111,13 @@ struct Touch {
 Touch touch_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first);
 void count_touched_bytes(const Touch& touch, const std::vector<at::Tensor>& inputs, OpTraffic* traffic);
 
+// threads.cpp, Note [Kernels take the host's thread count]: the intra-op thread count of the
+// user's thread that last issued an op; take_host_thread_count() records it (on a user's thread)
+// or takes it (on autograd's thread for the device), before a kernel runs.
+int host_thread_count();
+void take_host_thread_count();
+void mark_device_thread();  // the device stream's worker: it takes the count per launch
+
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);

@@ -13,6 +13,7 @@ import torch
 
 import adaptive_eager
 from adaptive_eager.dispatch.context import CONTEXT
+from subproc import run_json
 
 NEURON = torch.device("neuron")
 NEURON_0 = torch.device("neuron:0")
@@ -285,3 +286,36 @@ def test_map_location_neuron_loads_a_cpu_checkpoint_onto_the_device():
     buf.seek(0)
     w = torch.load(buf, map_location="neuron", weights_only=True)["w"]
     assert w.device == torch.device("neuron:0") and w.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_backward_keeps_cpus_bits_after_another_thread_sets_the_thread_count():
+    # Note [Kernels take the host's thread count]: DataLoader's pin-memory thread calls
+    # torch.set_num_threads(1); autograd's thread for neuron took that count, not the user's
+    # thread's, and a convolution's backward reduced in another order than CPU's. A fresh
+    # process: the count is process state, and the check needs the user's thread at 2 or more.
+    out = run_json("""
+        import threading, torch
+        torch.set_num_threads(2)
+        side = threading.Thread(target=torch.set_num_threads, args=(1,))
+        side.start(); side.join()
+
+        def train(device):
+            torch.manual_seed(2)
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6),
+                                        torch.nn.SiLU(), torch.nn.Flatten(), torch.nn.Linear(6 * 64, 5)).to(device)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+            losses = []
+            for _ in range(3):
+                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            return losses, [p.detach().cpu() for p in model.parameters()]
+
+        cpu, neuron = train("cpu"), train("neuron")
+        emit({"threads": torch.get_num_threads(), "losses": cpu[0] == neuron[0],
+              "params": all(torch.equal(a, b) for a, b in zip(cpu[1], neuron[1]))})
+    """)
+    assert out == {"threads": 2, "losses": True, "params": True}

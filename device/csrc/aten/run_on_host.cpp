@@ -331,6 +331,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = schema.operator_name();
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;
+  take_host_thread_count();  // Note [Kernels take the host's thread count] (runtime/threads.cpp)
   HostCall call;
   call.cpu_indices_ok = is_cpu_index_op(name);
   int generator_arg = -1;

@@ -89,7 +89,7 @@ struct Worker {
       // Detached: it waits on `changed` for the process's life, and must not be joined at exit.
       std::thread([this] { loop(); }).detach();
     }
-    threads = at::get_num_threads();  // the host's intra-op threads, as its kernels would use
+    threads = host_thread_count();  // the host's intra-op threads, as its kernels would use
     job = std::move(launch);
     finished = false;
     busy.store(true);
@@ -97,6 +97,7 @@ struct Worker {
   }
 
   void loop() {
+    mark_device_thread();
     for (;;) {
       std::unique_ptr<Launch> launch;
       int n = 1;
@@ -106,9 +107,9 @@ struct Worker {
         launch = std::move(job);
         n = threads;
       }
-      // Note [The stream's intra-op threads]: the host's count, set only when it differs. A
-      // new thread already takes the host's from ATen's lazy init; at::set_num_threads also
-      // calls mkl_set_dynamic(false) for the whole process, after which MKL's VML ran a
+      // Note [The stream's intra-op threads]: the host's count (Note [Kernels take the host's
+      // thread count] in runtime/threads.cpp), set only when it differs: at::set_num_threads
+      // also calls mkl_set_dynamic(false) for the whole process, after which MKL's VML ran a
       // 2,048-element tanh on a thread team: 3-10x slower host kernels, in eager mode too,
       // for the rest of the process.
       if (at::get_num_threads() != n) {
