@@ -10,6 +10,13 @@ folder holds what: a new ATen kernel goes in csrc/aten/).
 The bottom layer: it imports nothing of adaptive_eager.dispatch or of the engine (the C++
 queue in csrc/engine/ holds what the engine defers, but knows no trace); those sit above it.
 """
+
+if __name__ != "adaptive_eager.device":  # the repository's folder, imported by its own name
+    raise ImportError(
+        f"the folder device/ of adaptive-eager was imported as {__name__!r}; it is the package "
+        f"adaptive_eager.device (pyproject.toml's package-dir): import adaptive_eager.device. "
+        f"A second copy under another name would hold a second, unregistered device.")
+
 from .config import DeviceConfig
 from .settings import parse_size
 from .errors import NeuronConfigError, NeuronDeviceError, NeuronDeviceIndexError

@@ -11,6 +11,13 @@ here, installed from registration.py.
 
 The middle layer: it imports adaptive_eager.device, never the engine or the public API above.
 """
+
+if __name__ != "adaptive_eager.dispatch":  # the repository's folder, imported by its own name
+    raise ImportError(
+        f"the folder dispatch/ of adaptive-eager was imported as {__name__!r}; it is the package "
+        f"adaptive_eager.dispatch (pyproject.toml's package-dir): import adaptive_eager.dispatch. "
+        f"A second copy under another name would hold a second, unregistered device.")
+
 from .classify import OpInfo, classify
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor, Executor

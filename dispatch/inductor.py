@@ -181,7 +181,7 @@ def _wrapper_codegen():
 
             def write_header(self):
                 super().write_header()
-                self.header.writeline("from dispatch import inductor as _neuron_inductor")
+                self.header.writeline("from adaptive_eager.dispatch import inductor as _neuron_inductor")
 
             def codegen_inputs(self):  # the first lines of call()
                 self.prefix.writeline("_neuron_bypass = _neuron_inductor.graph_begin()")

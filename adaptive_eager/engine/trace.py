@@ -1,7 +1,7 @@
 """What the engine knows about one op shape (OpProto) and about a cached sequence (Trace).
 
 An OpProto is built once per distinct signature from an op that ran: the argument
-template (from dispatch's OpRecord), which inputs the outputs are (in-place, out=), the
+template (from record.py's OpRecord), which inputs the outputs are (in-place, out=), the
 geometry of new outputs, and the DeferPlan that queues the op in C++ the next time. A
 Trace is a list of protos plus, per tensor input, whether an earlier op of the trace wrote
 it (which op, which output) or it comes from outside.
