@@ -18,6 +18,10 @@ STEPS = int(os.environ.get("NEURON_SOAK_STEPS", "1500"))
 MiB = 1 << 20
 
 
+# The child imports this module, and it imports the helpers of tests/ (subproc).
+_TEST_PATH = os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))])
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:  # resident pages now (ru_maxrss never goes down)
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -77,5 +81,5 @@ def test_a_batch_size_that_never_settles_keeps_the_trace_cache_at_its_cap():
         eager = test_soak._train("eager", 1800, batch_of)
         emit({"cached": cached, "cap": SWITCH.adaptive.cache.maxsize, "losses": adaptive[0] == eager[0],
               "params": all(torch.equal(a, b) for a, b in zip(adaptive[1], eager[1]))})
-    """, env={"NEURON_TRACE_CACHE_SIZE": "64", "NEURON_GENERIC_TRACES": "0", "PYTHONPATH": os.path.dirname(__file__)})
+    """, env={"NEURON_TRACE_CACHE_SIZE": "64", "NEURON_GENERIC_TRACES": "0", "PYTHONPATH": _TEST_PATH})
     assert out == {"cached": 64, "cap": 64, "losses": True, "params": True}
