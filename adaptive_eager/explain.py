@@ -48,6 +48,7 @@ class Explanation:
     flushes: dict  # reason -> pending work launched early
     recent_divergences: tuple[str, ...]  # oldest first
     recent_flushes: tuple[str, ...]  # oldest first
+    phase: str = ""  # the engine's phase (Note [Engine phases]), and whether detection is paused
 
     @property
     def fused_share(self) -> float:
@@ -72,6 +73,7 @@ def explain() -> Explanation:
             flushes=dict(engine.counters.flushes),
             recent_divergences=tuple(engine.recent_divergences),
             recent_flushes=tuple(engine.recent_flushes),
+            phase=engine.phase.value + (", detection paused" if engine.detection_paused else ""),
         )
 
 
@@ -89,7 +91,7 @@ def _summary(trace) -> TraceSummary:
 
 def _render(e: Explanation) -> list[str]:
     s = e.stats
-    lines = [f"adaptive-eager: mode {e.mode}"]
+    lines = [f"adaptive-eager: mode {e.mode}" + (f" (engine {e.phase})" if e.phase else "")]
     if e.mode == "eager":
         lines.append("  eager mode: every op is its own launch; the engine is idle "
                      "(adaptive_eager.set_mode('adaptive') turns it on).")

@@ -7,6 +7,23 @@ wait for what is already launched (a drain).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Union
+
+from adaptive_eager.device.native import RUN_EAGER, DeferPlan
+
+# Note [The route's answers]: what an executor attached to the C++ route (the adaptive engine's
+# `route(op, args, kwargs)`) answers for each op; device/csrc/engine/route.cpp reads it back as
+# its `Answer`, the same five kinds:
+#   RUN_EAGER            run it on the eager path now (what is held back for it has run);
+#   (RUN_EAGER, after)   run it now, then call after(results): the engine records it;
+#   a DeferPlan          queue it (Note [Deferred launches]) and hand out its results at once;
+#   (DeferPlan, after)   queue it, then call after(): the engine launches the queue;
+#   anything else        the op's result, which the engine computed itself.
+# Plain values and pairs, no wrapper object: the answer is made once per op on the hot path.
+RouteAnswer = Union[type(RUN_EAGER), tuple[type(RUN_EAGER), Callable[[Any], None]], DeferPlan,
+                    tuple[DeferPlan, Callable[[], None]], Any]
+
 
 class Executor:
     name = "executor"

@@ -1,12 +1,13 @@
 """The adaptive engine: record the op stream, find what repeats, replay it as one launch.
 
-States (one engine, one state at a time, guarded by a lock):
+One engine, one phase at a time (Note [Engine phases] in phase.py), guarded by a lock:
 - RECORDING: no trace is being matched. Each op runs eagerly, goes into the history and
   the period detector; if a cached trace starts with it, matching begins instead.
 - MATCHING: `self.pending` holds a trace and how far the stream has followed it. An op
   that matches the next position is deferred; when the trace completes, it launches as one.
   A shape-generic trace (Note [Shape-generic traces] in generic.py) matches by how sizes
   relate, not by their values; a second detector, on size-erased keys, finds its unit.
+- BACKING_OFF: the stream is mostly new signatures; ops run eagerly, unrecorded, a while.
 
 Ops reach the engine through the C++ route (csrc/engine/route.cpp) while adaptive mode is on: the
 C++ eager path hands each op of a neuron tensor to `route`. Deferral is what it is on an
@@ -44,6 +45,7 @@ from adaptive_eager.device import native, stream
 from adaptive_eager.device.profiling import (fused_range_name, mark_device_time, profile_range, profiler_enabled, sources_wanted,
                               sync_range)
 from adaptive_eager.dispatch import Executor, classify
+from adaptive_eager.dispatch.executor import RouteAnswer
 from adaptive_eager.engine.record import OpRecord, signature_difference, user_source_line
 
 from .matchers import compile_matcher
@@ -52,6 +54,7 @@ from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
                       erased_signature, generic_difference)
 from .pending import Pending, launch_error
+from .phase import Phase
 from .trace import Trace, build_proto, build_trace, output_slots
 
 _RECENT = 20  # divergences and flushes kept for explain()
@@ -165,7 +168,8 @@ class AdaptiveExecutor(Executor):
         self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
-        self.pending: Pending | None = None
+        self.phase = Phase.RECORDING  # Note [Engine phases]: changed by the transitions below only
+        self.pending: Pending | None = None  # the match, while MATCHING
         # The launch running on the device stream (Note [The device stream]), if any.
         self.inflight: Pending | None = None
         self.position = 0  # stream position of the next op
@@ -190,7 +194,7 @@ class AdaptiveExecutor(Executor):
         # longer, so a pause need not wait for more than a few of them (_resume_detection).
         self._last_sync_at = 0
         self._longest_unsynced = 0
-        # Novelty backoff (see _count_novelty): ops left to run without recording.
+        # Novelty backoff (see _count_novelty): ops left to run without recording (BACKING_OFF).
         self._backoff = 0
         self._backoff_len = _NOVELTY_WINDOW
         self._window_ops = self._window_novel = self._novel_windows = 0
@@ -198,6 +202,37 @@ class AdaptiveExecutor(Executor):
 
     def reset_counters(self) -> None:
         self.counters = EngineCounters()
+
+    # -- phase transitions (Note [Engine phases]): the only writes of phase, pending, _backoff --
+    def _match(self, p: Pending) -> None:
+        """Match p's trace from here on: MATCHING."""
+        self.phase, self.pending = Phase.MATCHING, p
+
+    def _stop_matching(self) -> None:
+        """No trace is matched (what was pending has launched, or runs at the next launch):
+        back to RECORDING, or to BACKING_OFF if a backoff began meanwhile."""
+        self.pending = None
+        self.phase = Phase.BACKING_OFF if self._backoff else Phase.RECORDING
+
+    def _back_off(self, ops: int) -> None:
+        """Run the next `ops` ops unrecorded; a match under way finishes first."""
+        self._backoff = ops
+        if self.pending is None:
+            self.phase = Phase.BACKING_OFF
+
+    def _backed_off(self) -> bool:
+        """One op of the backoff ran; True if that was the last (RECORDING again)."""
+        self._backoff -= 1
+        if self._backoff:
+            return False
+        self.phase = Phase.RECORDING
+        return True
+
+    @property
+    def detection_paused(self) -> bool:
+        """Note [When detection pauses]: a long stretch ran inside cached traces, and the history
+        and detectors are not fed until the stream leaves them."""
+        return self._steady >= self._pause_after
 
     # -- the route's two ends ----------------------------------------------------------------
     def attach(self) -> None:
@@ -228,9 +263,9 @@ class AdaptiveExecutor(Executor):
         the launched ops' results (device memory) until the trace's next op arrives."""
         with self._lock:
             self._flush("synchronize")
-            self.pending = None
+            self._stop_matching()
             self._note_sync()
-            if self._steady < self._pause_after:
+            if not self.detection_paused:
                 # A cut of the stream, as a sync op is: in the history as a barrier, so a
                 # loop that synchronizes every step gets a trace that starts right after it
                 # (not at the quietest cut, which a sync would then split every step).
@@ -243,13 +278,14 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._flush(reason)
             self._note_sync()
-            if self._steady < self._pause_after:
+            if not self.detection_paused:
                 self._advance(_HOST_ACCESS, ())
             else:
                 self.position += 1
             self._raise_error()
 
-    def route(self, func, args, kwargs):
+    def route(self, func, args, kwargs) -> RouteAnswer:
+        """What to do with one op (Note [The route's answers] in dispatch/executor.py)."""
         info = getattr(func, "_neuron_info", None) or classify(func)
         with self._lock:
             try:
@@ -295,7 +331,7 @@ class AdaptiveExecutor(Executor):
         afresh. A completion that never ran is caught at the next op instead (route's first
         lines). Results stay eager's: the queue holds exactly the ops that were issued."""
         p = self.pending
-        self.pending = None
+        self._stop_matching()
         if p is not None:
             self.recent_flushes.append(f"{reason}: trace {p.trace.id} after op {p.pos} of {len(p.trace)}")
             self.counters.flushes[reason] += 1
@@ -307,15 +343,17 @@ class AdaptiveExecutor(Executor):
         generated first-position matcher, or matching the next position (the steady state)."""
         if self._enter_at is not None:
             return _NO_MATCH
-        p = self.pending
-        if p is None:
-            if self._backoff:
-                return self._run_backing_off(info, args, kwargs)
+        phase = self.phase
+        if phase is Phase.MATCHING:
+            p = self.pending
+            if p.done != p.pos:
+                return self._match_fast(p, func, args, kwargs)
+        elif phase is Phase.BACKING_OFF:
+            return self._run_backing_off(info, args, kwargs)
+        else:
             starts = self.cache.by_first_op.get(func)
             if starts:
                 return self._fast_start(starts, func, args, kwargs)
-        elif p.done != p.pos:
-            return self._match_fast(p, func, args, kwargs)
         return _NO_MATCH
 
     def _match_or_record(self, info, rec: OpRecord, args, kwargs):
@@ -336,7 +374,7 @@ class AdaptiveExecutor(Executor):
             (trace, at), self._enter_at = self._enter_at, None
             if at == self.position:
                 self._flush("longer trace adopted")
-                self.pending = None
+                self._stop_matching()
                 return self._start(trace, rec, args, kwargs)
         p = self.pending
         if p is None:
@@ -346,11 +384,11 @@ class AdaptiveExecutor(Executor):
             # the rest of this one is the better continuation (the sync is its boundary).
             for trace in self.cache.by_start.get(rec.signature, ()):
                 if len(trace) > len(p.trace) - p.pos and trace is not p.trace:
-                    self.pending = None
+                    self._stop_matching()
                     out = self._start(trace, rec, args, kwargs)
                     if out is not _NO_MATCH:
                         return out
-                    self.pending = p
+                    self._match(p)
         out = self._match_one(p, rec, args, kwargs)
         if out is _NO_MATCH:
             out = self._switch_trace(p, rec, args, kwargs)
@@ -401,10 +439,11 @@ class AdaptiveExecutor(Executor):
     def _start(self, trace, rec, args, kwargs):
         if not trace.generic and trace.protos[0].signature != rec.signature:
             return _NO_MATCH
-        p = self.pending = Pending(trace, self.position)
+        p = Pending(trace, self.position)
+        self._match(p)
         out = self._match_one(p, rec, args, kwargs)
         if out is _NO_MATCH:
-            self.pending = None
+            self._stop_matching()
         return out
 
     def _fast_start(self, starts, func, args, kwargs):
@@ -412,12 +451,13 @@ class AdaptiveExecutor(Executor):
         steady-state way into a trace, without describing the call as an OpRecord. The
         matcher checks what the signature holds, so it accepts exactly what _try_start would."""
         for trace in starts:
-            p = self.pending = Pending(trace, self.position)
+            p = Pending(trace, self.position)
+            self._match(p)
             out = self._match_fast(p, func, args, kwargs)
             if out is not _NO_MATCH:
                 self.cache.get(trace.key)  # touch: recently used
                 return out
-        self.pending = None
+        self._stop_matching()
         return _NO_MATCH
 
     def _match_fast(self, p: Pending, func, args, kwargs):
@@ -445,7 +485,7 @@ class AdaptiveExecutor(Executor):
 
     def _defer(self, p: Pending, proto):
         """Queue the op at p.pos (the C++ route does it with the plan returned here)."""
-        if self._steady >= self._pause_after:
+        if self._steady >= self._pause_after:  # detection_paused, inline: once per op
             position = self.position
             self.position += 1
         else:
@@ -474,7 +514,7 @@ class AdaptiveExecutor(Executor):
         p.trace.hits += 1
         self.counters.trace_hits += 1
         self._launch(p)
-        self.pending = None
+        self._stop_matching()
 
     def _diverge(self, p: Pending, rec: OpRecord) -> None:
         expected = p.trace.protos[p.pos]
@@ -502,12 +542,12 @@ class AdaptiveExecutor(Executor):
         # one divergence instead of one per step.
         self.cache.demote(p.trace)
         self._flush("divergence")
-        self.pending = None
+        self._stop_matching()
         self._resume_detection()
 
     def _resume_detection(self) -> None:
         """The stream left the cached traces: look for repetition again, from here on."""
-        if self._steady >= self._pause_after:
+        if self.detection_paused:
             self.history.clear()
             self.detector.forget()
             # Note [When detection pauses]: it paused too soon if this recurs every step (a
@@ -544,7 +584,7 @@ class AdaptiveExecutor(Executor):
             self.error = launch_error(p.trace, k, exc)
             native.set_failure(str(self.error), type(self.error).__name__, True)
             p.pos = p.done = k
-            self.pending = None
+            self._stop_matching()
             return
         p.done = p.pos
         if n:
@@ -586,7 +626,7 @@ class AdaptiveExecutor(Executor):
         self._flush(f"sync: {info.name}")
         self._note_sync()
         self._raise_error()
-        if self._steady < self._pause_after:
+        if not self.detection_paused:
             try:
                 signature = OpRecord.from_call(func, args, kwargs).signature
             except Exception:  # undescribable arguments: the op stays out of the history
@@ -603,8 +643,7 @@ class AdaptiveExecutor(Executor):
     def _run_backing_off(self, info, args, kwargs):
         if self.inflight is not None:
             self._drain()
-        self._backoff -= 1
-        if not self._backoff:
+        if self._backed_off():
             self.history.clear()
             self.detector.forget()
         return native.RUN_EAGER
@@ -612,7 +651,7 @@ class AdaptiveExecutor(Executor):
     def _record_eager(self, info, rec: OpRecord, args, kwargs):
         if self.pending is not None:  # an op between a sync and the trace's rest: launch first
             self._flush("divergence")
-            self.pending = None
+            self._stop_matching()
         return native.RUN_EAGER, lambda out: self._recorded(info, rec, out, args, kwargs)
 
     def _recorded(self, info, rec: OpRecord, out, args, kwargs) -> None:
@@ -642,7 +681,7 @@ class AdaptiveExecutor(Executor):
         if 4 * self._window_novel > self._window_ops:  # over a quarter never seen before
             self._novel_windows += 1
             if self._novel_windows >= 2:  # a program's first ops are all new: not a sign
-                self._backoff = self._backoff_len
+                self._back_off(self._backoff_len)
                 self._backoff_len = min(4 * self._backoff_len, _MAX_BACKOFF)
         else:
             self._novel_windows = 0
@@ -667,7 +706,7 @@ class AdaptiveExecutor(Executor):
         """Append one op to the history; adopt traces when a period fires. Returns its position."""
         position = self.position
         self.position += 1
-        if self._steady >= self._pause_after:
+        if self._steady >= self._pause_after:  # detection_paused, inline: once per op
             return position  # detection paused: the stream is fully covered by traces
         self.history.append((position, proto, producers))
         # An op a generic trace matched is keyed as the same op run eagerly would be: the

@@ -1,11 +1,8 @@
 // The route's Python side: while adaptive mode is on, each op of a neuron tensor is
 // handed to the engine (a Python callable) as `engine(op_overload, args, kwargs)`, the way
-// torch hands ops to __torch_dispatch__; the engine answers with
-//   - RUN_EAGER: run it on the eager path now (its held-back ops have run: queue.cpp);
-//   - a DeferPlan: queue it (Note [Deferred launches]) and hand out its results at once;
-//   - (RUN_EAGER, after): run it now, then call after(results): the engine records it;
-//   - (DeferPlan, after): queue it, then call after(): the engine launches the queue;
-//   - anything else: the op's result, which the engine computed itself.
+// torch hands ops to __torch_dispatch__; the engine answers with one of the five kinds of
+// `Answer` below (Note [The route's answers]; the Python side names them RouteAnswer, in
+// dispatch/executor.py).
 // Pure-CPU code never gets here: the route sits in the PrivateUse1 kernels only.
 #include "neuron.h"
 
@@ -140,6 +137,41 @@ void tell_issue_failed(const char* reason) {
   }
 }
 
+// Note [The route's answers]: what the engine answers for an op, read once.
+enum class AnswerKind {
+  kRunEager,      // RUN_EAGER: run it on the eager path now (its held-back ops have run: queue.cpp)
+  kRunEagerThen,  // (RUN_EAGER, after): run it now, then call after(results): the engine records it
+  kDefer,         // a DeferPlan: queue it (Note [Deferred launches]), hand out its results at once
+  kDeferThen,     // (DeferPlan, after): queue it, then call after(): the engine launches the queue
+  kResult,        // anything else: the op's result, which the engine computed itself
+};
+
+struct Answer {
+  AnswerKind kind;
+  py::object value;  // the plan, or the result
+  py::object after;  // kRunEagerThen, kDeferThen
+};
+
+Answer read_answer(py::object out) {
+  if (out.is(*g_run_eager)) {
+    return {AnswerKind::kRunEager, {}, {}};
+  }
+  if (py::isinstance<neuron::DeferPlan>(out)) {
+    return {AnswerKind::kDefer, std::move(out), {}};
+  }
+  if (py::isinstance<py::tuple>(out) && py::len(out) == 2) {
+    py::tuple pair = out.cast<py::tuple>();
+    py::object action = pair[0];
+    if (action.is(*g_run_eager)) {
+      return {AnswerKind::kRunEagerThen, {}, pair[1]};
+    }
+    if (py::isinstance<neuron::DeferPlan>(action)) {
+      return {AnswerKind::kDeferThen, std::move(action), pair[1]};
+    }
+  }
+  return {AnswerKind::kResult, std::move(out), {}};
+}
+
 bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!Py_IsInitialized()) {
     return false;
@@ -149,54 +181,47 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   auto [args, kwargs] = to_python_call(schema, stack->data() + (stack->size() - n));
-  py::object out = engine(torch::detail::getTorchApiFunction(op), args, kwargs);
-  // (action, after): do the action, then tell the engine (the results, for RUN_EAGER).
-  py::object after;
-  if (py::isinstance<py::tuple>(out) && py::len(out) == 2) {
-    py::tuple pair = out.cast<py::tuple>();
-    py::object action = pair[0];
-    if (action.is(*g_run_eager) || py::isinstance<neuron::DeferPlan>(action)) {
-      after = pair[1];
-      out = action;
+  Answer answer = read_answer(engine(torch::detail::getTorchApiFunction(op), args, kwargs));
+  switch (answer.kind) {
+    case AnswerKind::kRunEager:
+      return false;  // the eager path runs it
+    case AnswerKind::kRunEagerThen:
+      neuron::run_eager(op, stack);
+      answer.after(results_to_python(schema, *stack));
+      return true;
+    case AnswerKind::kResult:
+      torch::jit::drop(*stack, n);
+      push_result(schema, stack, answer.value);
+      return true;
+    case AnswerKind::kDefer:
+    case AnswerKind::kDeferThen:
+      break;
+  }
+  // kDefer, kDeferThen: queue it.
+  std::shared_ptr<const neuron::DeferPlan> plan = answer.value.cast<std::shared_ptr<neuron::DeferPlan>>();
+  if (plan->from_meta) {  // Note [Plans from shape functions] (meta_plan.cpp)
+    plan = neuron::plan_from_meta(op, *stack, *plan);
+    if (!plan) {  // not deferred after all: the engine ends its match, and the op runs now
+      tell_issue_failed("no shape function");
+      neuron::run_eager(op, stack);
+      return true;
     }
   }
-  if (out.is(*g_run_eager)) {
-    if (!after) {
-      return false;
-    }
-    neuron::run_eager(op, stack);
-    after(results_to_python(schema, *stack));
-    return true;
+  if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
+    // An output of the launch on the stream, perhaps: capture it once that launch made it.
+    py::gil_scoped_release released;
+    neuron::wait_for_stream();
   }
-  if (py::isinstance<neuron::DeferPlan>(out)) {
-    std::shared_ptr<const neuron::DeferPlan> plan = out.cast<std::shared_ptr<neuron::DeferPlan>>();
-    if (plan->from_meta) {  // Note [Plans from shape functions] (meta_plan.cpp)
-      plan = neuron::plan_from_meta(op, *stack, *plan);
-      if (!plan) {  // not deferred after all: the engine ends its match, and the op runs now
-        tell_issue_failed("no shape function");
-        neuron::run_eager(op, stack);
-        return true;
-      }
-    }
-    if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
-      // An output of the launch on the stream, perhaps: capture it once that launch made it.
-      py::gil_scoped_release released;
-      neuron::wait_for_stream();
-    }
-    try {
-      neuron::enqueue(op, stack, std::move(plan));
-    } catch (...) {
-      // The engine counted the op as queued: tell it the op raised instead (out of memory).
-      tell_issue_failed("out of memory");
-      throw;
-    }
-    if (after) {
-      after();
-    }
-    return true;
+  try {
+    neuron::enqueue(op, stack, std::move(plan));
+  } catch (...) {
+    // The engine counted the op as queued: tell it the op raised instead (out of memory).
+    tell_issue_failed("out of memory");
+    throw;
   }
-  torch::jit::drop(*stack, n);
-  push_result(schema, stack, out);
+  if (answer.kind == AnswerKind::kDeferThen) {
+    answer.after();
+  }
   return true;
 }
 
