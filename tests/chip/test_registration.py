@@ -168,14 +168,24 @@ def test_pure_cpu_pytorch_keeps_working_in_a_fresh_process():
 
 
 # -- the package's boundary with the user's process --------------------------------------------
-def _top_level_names_installed() -> set[str]:
-    """The top-level import names the adaptive-eager distribution puts on sys.path: its files',
-    or, for an editable install, the names its import finder serves."""
-    import ast
+def _installed_distribution():
+    """adaptive-eager as pip installed it: not the adaptive_eager.egg-info that a build leaves
+    in the source tree, which importlib.metadata finds first when the tests run from there."""
     import importlib.metadata
 
-    names = set()
-    for f in importlib.metadata.distribution("adaptive-eager").files:
+    installed = [d for d in importlib.metadata.distributions(name="adaptive-eager") if d.read_text("INSTALLER")]
+    assert len(installed) == 1, installed
+    return installed[0]
+
+
+def _top_level_names_installed() -> set[str]:
+    """The top-level import names the adaptive-eager distribution puts on sys.path: those it
+    declares, its files', and, for an editable install, the names its import finder serves."""
+    import ast
+
+    dist = _installed_distribution()
+    names = set((dist.read_text("top_level.txt") or "").split())
+    for f in dist.files:
         top = f.parts[0]
         if top == ".." or top.endswith(".dist-info") or top == "__pycache__":  # scripts, metadata
             continue
