@@ -1,0 +1,128 @@
+"""Host time per training step: CPU, neuron eager and neuron adaptive, each in its own process
+(issue 34's table): `python bench/step_overhead.py [--widths 64 256] [--rounds 3]`.
+
+A small MLP (3 linear layers of the width, GELU, batch 16, AdamW) trains for --steps steps;
+the last half are timed (the engine has cached the step by then). Each (width, mode) runs in
+a fresh process, because device threads in a process slow its CPU kernels (issue 34), and
+the rounds interleave the modes, so that a machine busy for a while slows all of them alike.
+The table gives medians over rounds: wall µs per step, its ratio to CPU's, and for neuron the
+modelled device µs per step and launches per step.
+
+`--after-backward` measures the other figure of issue 34 instead: a 16x64 @ 64x64 CPU matmul's
+median time before any neuron work and after one neuron backward, in one process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+MODES = ("cpu", "eager", "adaptive")
+
+
+def _child(mode: str, width: int, steps: int) -> dict:
+    import torch
+
+    device = "cpu" if mode == "cpu" else "neuron"
+    if device == "neuron":
+        import adaptive_eager
+
+        adaptive_eager.set_mode(mode)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width),
+                                torch.nn.GELU(), torch.nn.Linear(width, 10)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, width).to(device), torch.randint(0, 10, (16,)).to(device)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    timed = steps // 2
+    for _ in range(steps - timed):
+        step()
+    if device == "neuron":
+        torch.neuron.synchronize()
+        adaptive_eager.reset_stats()
+    start = time.perf_counter()
+    for _ in range(timed):
+        step()
+    if device == "neuron":
+        torch.neuron.synchronize()
+    wall_us = (time.perf_counter() - start) / timed * 1e6
+    out = {"wall_us": wall_us}
+    if device == "neuron":
+        s = adaptive_eager.stats()
+        out.update(device_us=s.device_time_us / timed, launches=s.launches / timed)
+    return out
+
+
+def _after_backward() -> dict:
+    import torch
+
+    a, b = torch.randn(16, 64), torch.randn(64, 64)
+
+    def median_us(reps: int = 2000) -> float:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    before = median_us()
+    import adaptive_eager  # noqa: F401
+
+    model = torch.nn.Linear(64, 64).to("neuron")
+    model(torch.randn(16, 64, device="neuron")).sum().backward()
+    torch.neuron.synchronize()
+    after = median_us()
+    return {"before_us": before, "after_us": after, "ratio": after / before}
+
+
+def _run(args: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--after-backward", action="store_true")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "WIDTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child[0], int(args.child[1]), args.steps)))
+        return
+    if args.after_backward:
+        r = _after_backward()
+        print(f"16x64 @ 64x64 CPU matmul: {r['before_us']:.1f} us before any neuron work, "
+              f"{r['after_us']:.1f} us after one neuron backward ({r['ratio']:.2f}x)")
+        return
+    results: dict = {}
+    for _ in range(args.rounds):
+        for width in args.widths:
+            for mode in MODES:
+                r = _run(["--child", mode, str(width), "--steps", str(args.steps)])
+                results.setdefault((width, mode), []).append(r)
+    print(f"| width | mode | wall us/step | vs CPU | device us/step | launches/step |  ({args.rounds} rounds, medians)")
+    print("|---|---|---|---|---|---|")
+    for width in args.widths:
+        cpu = statistics.median(r["wall_us"] for r in results[(width, "cpu")])
+        for mode in MODES:
+            rs = results[(width, mode)]
+            wall = statistics.median(r["wall_us"] for r in rs)
+            device = f"{statistics.median(r['device_us'] for r in rs):,.1f}" if mode != "cpu" else "-"
+            launches = f"{statistics.median(r['launches'] for r in rs):.1f}" if mode != "cpu" else "-"
+            print(f"| {width} | {mode} | {wall:,.0f} | {wall / cpu:.2f} | {device} | {launches} |")
+
+
+if __name__ == "__main__":
+    main()
