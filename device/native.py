@@ -37,6 +37,10 @@ set_synchronizer = _C.set_synchronizer
 host_generator = _C.host_generator
 # the eager path and host aliases of device bytes
 install_eager = _C.install_eager
+wait_for_device = _C.wait_for_device
+device_idle = _C.device_idle
+set_launch_blocking = _C.set_launch_blocking
+eager_issue_counts = _C.eager_issue_counts
 host_alias = _C.host_alias
 adopt = _C.adopt
 # the adaptive engine's route and queue (csrc/engine/queue.cpp, csrc/engine/route.cpp)

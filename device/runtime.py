@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import native
+from . import native, settings
 from .config import DeviceConfig
 from .cost import CostModel
 from .errors import NeuronDeviceIndexError
@@ -142,12 +142,14 @@ class Runtime:
     def drain(self) -> None:
         for hook in list(self._drain_hooks):
             hook()
+        native.wait_for_device()  # the eager ops posted to the device (Note [The device executor])
 
     def synchronize(self, index: int | None = None) -> None:
         if index is not None:
             self.check_index(index)
         for hook in list(self._sync_hooks):
             hook(index)
+        native.wait_for_device()
 
     def set_spend_launch_overhead(self, spend: bool) -> bool:
         """Spend (True) or only model (False) the launch overhead from now on; returns the
@@ -177,6 +179,7 @@ class Runtime:
         flop_us = {dt: self.cost.us_per_flop(dt) for dt in _PRICED_DTYPES}
         element_us = {dt: self.cost.us_per_vector_element(dt) for dt in _PRICED_DTYPES}
         converted = {dt: why for dt in _PRICED_DTYPES if (why := self.config.profile.converted(dt))}
+        native.set_launch_blocking(bool(settings.read("NEURON_LAUNCH_BLOCKING")))  # Note [Eager ops run on the device]
         native.install_eager(self.cost.us_per_byte, self.cost.on_chip_bytes, flop_us, self.cost.us_per_flop(torch.float32),
                              element_us, self.cost.us_per_vector_element(torch.float32), converted)
 

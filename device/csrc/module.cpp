@@ -111,11 +111,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_counters", &neuron::reset_counters);
   m.def("set_spend_overhead", &neuron::set_spend_overhead);
   m.def("set_launch_log", &neuron::set_launch_log, "on: record each launch's (device, ops); clears the log");
-  m.def("take_launch_log", &neuron::take_launch_log, "the launches recorded since the last take, in order");
+  m.def("take_launch_log", [] { neuron::wait_for_device(); return neuron::take_launch_log(); }, "the launches recorded since the last take, in order");
   m.def("covered_third_party_composites", &neuron::covered_third_party_composites,
         "the third-party C++ composite ops neuron runs on the CPU's kernels (Note [Third-party composite ops])");
   m.def("set_op_log", &neuron::set_op_log, "on: record each priced op's (name, roofline us); clears the log");
-  m.def("take_op_log", &neuron::take_op_log, "the ops recorded since the last take, in order");
+  m.def("take_op_log", [] { neuron::wait_for_device(); return neuron::take_op_log(); }, "the ops recorded since the last take, in order");
   // `with FusedLaunch(d):` the launches this thread makes are one launch (a compiled graph's)
   struct ScopedFusedLaunch {
     c10::DeviceIndex device;
@@ -137,6 +137,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_generator", &neuron::host_generator, "the CPU generator a kernel draws from for a neuron generator");
   // the eager path (aten/registration.cpp) and host aliases of device bytes (aten/host_alias.cpp)
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
+  // the device's executor (runtime/executor.cpp) and the eager ops it runs (aten/issue.cpp)
+  m.def("wait_for_device", &neuron::wait_for_device, py::call_guard<py::gil_scoped_release>(),
+        "wait for every op posted to the device; raises the first error one met, once");
+  m.def("device_idle", &neuron::device_idle, "every op posted to the device has run");
+  m.def("set_launch_blocking", &neuron::set_launch_blocking, "True: every eager op runs while its issuer waits");
+  m.def("eager_issue_counts", &neuron::eager_issue_counts, "eager ops issued so far: (posted, waited for)");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");
   // the adaptive engine's route and queue (Note [Deferred launches])

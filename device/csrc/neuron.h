@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -118,6 +119,24 @@ int host_thread_count();
 void take_host_thread_count();
 void mark_device_thread();  // the device stream's worker: it takes the count per launch
 
+// runtime/executor.cpp, Note [The device executor]: the device's own thread, which runs every
+// kernel on neuron tensors, in the order issued.
+bool on_device_thread();  // the calling thread is the executor
+// Runs job on the executor after everything posted before it; the caller goes on. An error it
+// raises waits for the next wait_for_device.
+void post_to_device(std::function<void()> job);
+// Runs job on the executor after everything posted before it, with the caller's thread-local
+// state, and waits for it (without the GIL); raises what it raised. Inline on the executor.
+void run_on_device(const std::function<void()>& job);
+// Waits for every job posted so far (without the GIL), then raises the first error of a job
+// no one waited for, once. Nothing on the executor itself.
+void wait_for_device();
+void note_device_error(std::exception_ptr error);  // the first one waits for wait_for_device
+bool device_idle();  // every posted job has run
+// Frees the calling thread's OpenMP team, if it has one and no region is open (Note [The
+// device executor]: a host thread's idle team slows every region of the executor's).
+void release_host_thread_team();
+
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);
@@ -160,6 +179,16 @@ struct FusedLaunch {
   // >= 0: a launch handed to the device stream, whose launch and this many ops
   // issue_launch already counted; its end charges the device time and settles the ops.
   int64_t issued_ops = -1;
+};
+// The fused launch the calling thread is inside, or nullptr; while a FusedLaunchOnThread
+// lives, its thread's ops join `launch` (a host waiting on the executor lends it its own).
+FusedLaunch* current_fused_launch();
+struct FusedLaunchOnThread {
+  explicit FusedLaunchOnThread(FusedLaunch* launch);
+  ~FusedLaunchOnThread();
+  FusedLaunchOnThread(const FusedLaunchOnThread&) = delete;
+  FusedLaunchOnThread& operator=(const FusedLaunchOnThread&) = delete;
+  FusedLaunch* previous;
 };
 // A launch handed to the device stream counts as issued at once (stats(wait=False) sees
 // it); its device time is charged when it ends (FusedLaunch::issued_ops).
@@ -298,6 +327,14 @@ struct DeferPlan {  // how to hand out a deferred op's results
 // functions]); nullptr when it has none or it raises.
 std::shared_ptr<const DeferPlan> plan_from_meta(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                                 const DeferPlan& generic);
+// What an op's outputs' geometry may depend on, as a flat key: the op, the device, each
+// tensor argument's geometry, dtype and device, every other argument's value (a float's only
+// with float_values). False for an argument it cannot key (an object, a generator).
+bool geometry_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, c10::DeviceIndex device,
+                  std::vector<int64_t>* key, bool float_values = true);
+struct GeometryKeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const;
+};
 // The output of an elementwise op on these inputs (meta tensors), as TensorIterator makes it.
 at::Tensor pointwise_output(const std::vector<at::Tensor>& inputs, at::ScalarType dtype);
 // The route decides for each op of a neuron tensor: true if it handled the op (ran it, or
@@ -317,6 +354,7 @@ struct RouteBypass {
   bool previous;
 };
 bool set_bypass(bool bypass);  // returns the previous setting
+bool route_bypassed();  // this thread's ops take the eager path now (a compiled graph's, a launch's)
 // What a host access runs first while the engine is attached or ops are queued: its flush.
 void set_host_sync(std::function<void(const char* reason)> sync);
 // reason names the sync point in profiler ranges (`neuron::sync[<reason>]`).
@@ -328,6 +366,13 @@ void run_before_eager();
 void check_computed(const c10::Storage& storage);
 [[noreturn]] void raise_failure();
 void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan);
+// An eager op posted to the device as its own launch, its outputs handed out now as the plan
+// says (aten/issue.cpp, Note [Eager ops run on the device]).
+void post_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan);
+// NEURON_LAUNCH_BLOCKING=1: every eager op runs while its issuer waits (aten/issue.cpp).
+void set_launch_blocking(bool blocking);
+// Eager ops issued so far: (posted, run while their issuer waited).
+std::pair<int64_t, int64_t> eager_issue_counts();
 int64_t queue_size();
 // Whether ops are queued (or a failed launch's error waits): an atomic read, from any thread.
 bool ops_held();

@@ -54,6 +54,13 @@ at::Tensor neuron_tensor_on(c10::Storage storage, const at::Tensor& geometry);
 // -- generator_lending.cpp: random ops draw from the device's generator ---------------------
 // Whether a schema argument is a Generator or Generator?.
 bool is_optional_generator(const c10::Argument& a);
+// run_on_host.cpp: runs the op now, on the calling thread: its CPU kernel on host aliases of
+// the device's bytes, its results mapped back, its time on the clock. The device's executor
+// calls it (issue.cpp: Note [Eager ops run on the device]).
+void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// issue.cpp: issues the op to the device's executor, posted or waited for (Note [Eager ops run
+// on the device]); on the executor itself, runs it (run_on_host).
+void issue_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Inside the block, torch's default CPU generator draws from `lender`'s state; on exit the
 // state reached goes back to `lender` and the default gets its own back, exception or not.
 struct DefaultGeneratorLent {
@@ -89,6 +96,7 @@ at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c1
                         c10::IntArrayRef stride);
 at::Tensor& set_empty(at::Tensor& self);
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+void copy_now(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
 at::Scalar local_scalar_dense(const at::Tensor& self);
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from);

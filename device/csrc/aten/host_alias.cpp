@@ -76,6 +76,7 @@ at::Tensor owning_host_alias(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kNeuron, "host_alias takes a neuron tensor, got one on ", t.device());
   sync_before_host_access();  // a host kernel reads (or writes) the bytes now
   const c10::Storage& storage = t.storage();
+  check_computed(storage);  // a value whose op failed has no bytes to alias
   auto* keep = new c10::Storage(storage);
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
                      c10::DataPtr(const_cast<void*>(storage.data()), keep,

@@ -116,12 +116,16 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const bool src_neuron = self.device().type() == kNeuron;
   const bool dst_neuron = dst.device().type() == kNeuron;
   if (src_neuron && dst_neuron && self.device() == dst.device()) {
-    // A kernel on one device: the adaptive engine may defer it, as any other op. Offered as
-    // the copy_ it comes from, whose schema says which tensor it writes (_copy_from's does not);
-    // a queued copy_ reaches this kernel again when its launch runs.
-    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
-    torch::jit::Stack stack{dst, self, non_blocking};
-    if (route_op(op, &stack)) {
+    if (!on_device_thread()) {
+      // A kernel on one device: the adaptive engine may defer it, as any other op, and else it
+      // is issued to the device (Note [Eager ops run on the device]). Offered as the copy_ it
+      // comes from, whose schema says which tensor it writes (_copy_from's does not); copy_
+      // reaches this kernel again on the device's executor, which runs it below.
+      static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+      torch::jit::Stack stack{dst, self, non_blocking};
+      if (!route_op(op, &stack)) {
+        issue_eager(op, &stack);
+      }
       return dst;
     }
   } else if (src_neuron || bytes_shared(dst.storage()) || (dst.storage().data() == nullptr && dst.storage().nbytes() > 0)) {
@@ -131,6 +135,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // step), waits for nothing, and is no sync point.
     sync_before_host_access();
   }
+  if (!on_device_thread()) {
+    // A transfer is the device's DMA: on the executor, while the host waits (a copy from
+    // pageable host memory, as CUDA's). Its kernel's thread team is the executor's.
+    run_on_device([&] { copy_now(self, dst, non_blocking); });
+    return dst;
+  }
+  copy_now(self, dst, non_blocking);
+  return dst;
+}
+
+// The copy itself, on the device's executor.
+void copy_now(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const bool src_neuron = self.device().type() == kNeuron;
+  const bool dst_neuron = dst.device().type() == kNeuron;
   cover_third_party_composites();  // Note [Third-party composite ops]: weights moving to the device
   const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
   std::optional<Range> range;
@@ -158,7 +176,6 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       mark_device_time(transfer_us(nbytes), "bytes", static_cast<int64_t>(nbytes), d);
     }
   }
-  return dst;
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {

@@ -326,12 +326,13 @@ void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
                               "run on neuron; ", hint, ".");
 }
 
+}  // namespace
+
 void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const c10::OperatorName& name = schema.operator_name();
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;
-  take_host_thread_count();  // Note [Kernels take the host's thread count] (runtime/threads.cpp)
   HostCall call;
   call.cpu_indices_ok = is_cpu_index_op(name);
   int generator_arg = -1;
@@ -393,21 +394,5 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-}  // namespace
 }  // namespace eager_detail
-
-void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  cover_third_party_composites();  // a library loaded since: before its ops meet neuron tensors
-  if (route_op(op, stack)) {  // the adaptive engine took it (Note [Deferred launches])
-    return;
-  }
-  eager_detail::run_on_host(op, stack);
-}
-
-void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  run_before_eager();
-  const RouteBypass bypass;
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
-}
-
 }  // namespace neuron

@@ -124,7 +124,9 @@ double settle_issued_launch(c10::DeviceIndex d, double op_us, int64_t ran, int64
 
 FusedLaunch::FusedLaunch(c10::DeviceIndex d) : device(d), previous(t_fused) { t_fused = this; }
 
-thread_local std::pair<double, int64_t> t_last_fused{0, 0};
+// The last fused launch to end, on any thread: the engine's host reads it once its launch,
+// run on the device's executor, has ended (Note [The device executor]).
+std::pair<double, int64_t> t_last_fused{0, 0};
 
 FusedLaunch::~FusedLaunch() {
   t_fused = previous;
@@ -137,6 +139,11 @@ FusedLaunch::~FusedLaunch() {
 }
 
 bool in_fused_launch() { return t_fused != nullptr; }
+
+FusedLaunch* current_fused_launch() { return t_fused; }
+
+FusedLaunchOnThread::FusedLaunchOnThread(FusedLaunch* launch) : previous(t_fused) { t_fused = launch; }
+FusedLaunchOnThread::~FusedLaunchOnThread() { t_fused = previous; }
 
 std::pair<double, int64_t> last_fused_launch() { return t_last_fused; }
 

@@ -58,12 +58,10 @@ struct Entry {
 // from the device's books then, as in eager mode; same_bytes still sees the two as one, which
 // CPU kernels' overlap checks need, through the eager path's host aliases); a deferred
 // output of an earlier queued op is held weakly, and its bytes, once its op has run, are
-// kept by the launch for as long as queued readers remain (Launch::readers, ::produced), on
-// a storage sharing them the same way.
+// kept for as long as queued readers remain (Note [Values handed between jobs] in queue.cpp),
+// on a storage sharing them the same way.
 struct Launch {
   std::vector<Entry> entries;
-  std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per pending storage
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
   int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
   // Note [On-chip intermediates] (device/cost.py), decided at issue by plan_on_chip: the values
   // made in the launch that later ops read from SBUF, and those never written to HBM.

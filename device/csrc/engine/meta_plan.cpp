@@ -75,7 +75,8 @@ OutputSpec spec_of(const at::Tensor& t) {
 
 // What a shape function's answer depends on, as a flat key: each tensor's geometry, dtype
 // and device, every other argument's value. False for an argument it cannot key.
-bool append_key(const IValue& v, std::vector<int64_t>& key) {
+// float_values: a float's (or complex's) bits are part of the key; else only that it is one.
+bool append_key(const IValue& v, std::vector<int64_t>& key, bool float_values = true) {
   key.push_back(static_cast<int64_t>(v.tag));
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
@@ -96,6 +97,8 @@ bool append_key(const IValue& v, std::vector<int64_t>& key) {
     key.push_back(v.toInt());
   } else if (v.isBool()) {
     key.push_back(v.toBool());
+  } else if (v.isDouble() && !float_values) {
+    key.push_back(0);
   } else if (v.isDouble()) {  // its bits: an arange's float end decides its length
     const double d = v.toDouble();
     int64_t bits = 0;
@@ -109,29 +112,44 @@ bool append_key(const IValue& v, std::vector<int64_t>& key) {
     const c10::List<IValue> list = v.toList();
     key.push_back(static_cast<int64_t>(list.size()));
     for (size_t i = 0; i < list.size(); ++i) {
-      if (!append_key(list.get(i), key)) {
+      if (!append_key(list.get(i), key, float_values)) {
         return false;
       }
     }
   } else if (v.isString()) {
     key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+  } else if (v.isComplexDouble() && !float_values) {
+    key.push_back(0);
   } else if (!v.isNone()) {
     return false;  // a complex number, an object: not keyed, the shape function runs each time
   }
   return true;
 }
 
-struct KeyHash {
-  size_t operator()(const std::vector<int64_t>& key) const {
-    size_t h = key.size();
-    for (const int64_t x : key) {
-      h = c10::hash_combine(h, std::hash<int64_t>()(x));
-    }
-    return h;
-  }
-};
+using KeyHash = GeometryKeyHash;
 
 }  // namespace
+
+size_t GeometryKeyHash::operator()(const std::vector<int64_t>& key) const {
+  size_t h = key.size();
+  for (const int64_t x : key) {
+    h = c10::hash_combine(h, std::hash<int64_t>()(x));
+  }
+  return h;
+}
+
+bool geometry_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack, c10::DeviceIndex device,
+                  std::vector<int64_t>* key, bool float_values) {
+  const size_t n = op.schema().arguments().size();
+  key->push_back(reinterpret_cast<intptr_t>(&op.schema()));  // one schema object per operator, for the process's life
+  key->push_back(device);
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    if (!append_key(stack[i], *key, float_values)) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // Note [Pointwise shape functions]: an elementwise op's output is what TensorIterator makes
 // of its tensor inputs (broadcast sizes, strides following the inputs' layout), the same
@@ -167,15 +185,9 @@ std::shared_ptr<const DeferPlan> run_shape_function(const c10::OperatorHandle& o
 std::shared_ptr<const DeferPlan> plan_from_meta(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                                 const DeferPlan& generic) {
   const c10::DeviceIndex device = generic.device;
-  const size_t n = op.schema().arguments().size();
   std::vector<int64_t> key;
   key.reserve(64);
-  key.push_back(reinterpret_cast<intptr_t>(&op.schema()));  // one schema object per operator, for the process's life
-  key.push_back(device);
-  bool keyed = true;
-  for (size_t i = stack.size() - n; i < stack.size() && keyed; ++i) {
-    keyed = append_key(stack[i], key);
-  }
+  const bool keyed = geometry_key(op, stack, device, &key);
   if (keyed) {
     auto found = g_plans.find(key);
     if (found != g_plans.end()) {

@@ -53,10 +53,11 @@ Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) 
 int64_t run_launch(Launch& launch, int64_t* failed);
 
 // Note [The device stream]: a complete trace with only C++ kernels (no random ops, no Python
-// kernels: adaptive_eager/engine/executor.py decides) runs on this thread, beside the host, which goes on
-// issuing the next trace's ops into the next queue. One launch is in flight at a time; the
-// host waits for it (finish_launch) before the next launch, an op it runs now, or any host
-// access, and before capturing an output of the launch that has no bytes yet (capture).
+// kernels: adaptive_eager/engine/executor.py decides) is posted to the device's executor (Note
+// [The device executor] in runtime/executor.cpp), and the host goes on issuing the next
+// trace's ops into the next queue. The engine has one such launch in flight at a time, and
+// collects its outcome (finish_launch) before the next one; eager ops it issues meanwhile
+// queue behind it on the executor.
 struct Outcome {
   int64_t ran = 0;
   int64_t failed = -1;
@@ -66,14 +67,11 @@ struct Outcome {
 struct Worker {
   std::mutex lock;
   std::condition_variable changed;
-  std::unique_ptr<Launch> job;  // submitted, not yet taken by the thread
   bool finished = false;
   Outcome outcome;
   std::atomic<bool> busy{false};  // submitted and not yet collected by the host
-  int threads = 1;
-  bool started = false;
   // The storages the launch in flight makes: the host's own copy, fixed at submit (the
-  // thread never reads it), so the host waits only to capture one of them (reads_unmade_bytes).
+  // executor never reads it), so the host waits only to capture one of them (reads_unmade_bytes).
   std::unordered_set<const c10::StorageImpl*> making;
 
   void submit(std::unique_ptr<Launch> launch) {
@@ -83,50 +81,25 @@ struct Worker {
         making.insert(out._unsafe_get_target());
       }
     }
-    std::unique_lock<std::mutex> guard(lock);
-    if (!started) {
-      started = true;
-      // Detached: it waits on `changed` for the process's life, and must not be joined at exit.
-      std::thread([this] { loop(); }).detach();
+    {
+      std::unique_lock<std::mutex> guard(lock);
+      finished = false;
     }
-    threads = host_thread_count();  // the host's intra-op threads, as its kernels would use
-    job = std::move(launch);
-    finished = false;
     busy.store(true);
-    changed.notify_all();
-  }
-
-  void loop() {
-    mark_device_thread();
-    for (;;) {
-      std::unique_ptr<Launch> launch;
-      int n = 1;
-      {
-        std::unique_lock<std::mutex> guard(lock);
-        changed.wait(guard, [this] { return job != nullptr; });
-        launch = std::move(job);
-        n = threads;
-      }
-      // Note [The stream's intra-op threads]: the host's count (Note [Kernels take the host's
-      // thread count] in runtime/threads.cpp), set only when it differs: at::set_num_threads
-      // also calls mkl_set_dynamic(false) for the whole process, after which MKL's VML ran a
-      // 2,048-element tanh on a thread team: 3-10x slower host kernels, in eager mode too,
-      // for the rest of the process.
-      if (at::get_num_threads() != n) {
-        at::set_num_threads(n);
-      }
+    std::shared_ptr<Launch> job(std::move(launch));
+    post_to_device([this, job]() mutable {
       Outcome result;
       try {
-        result.ran = run_launch(*launch, &result.failed);
+        result.ran = run_launch(*job, &result.failed);
       } catch (...) {
         result.error = std::current_exception();
       }
-      launch.reset();  // its inputs and kept values go now, on this thread
+      job.reset();  // its inputs and kept values go now, on the executor
       std::unique_lock<std::mutex> guard(lock);
       outcome = std::move(result);
       finished = true;
       changed.notify_all();
-    }
+    });
   }
 
   void wait_finished() {
@@ -143,22 +116,33 @@ struct Worker {
   }
 };
 
-// Never destroyed: at exit its thread still waits on `changed`, and destroying a condition
-// variable that a thread waits on blocks exit for ever (glibc's pthread_cond_destroy).
+// Never destroyed, as the executor (runtime/executor.cpp); a forked child starts a fresh one.
 Worker* g_worker = new Worker;
-
-// A forked child has no stream thread (the parent waited for its launch before forking:
-// dispatch/registration.py), and its copy of the worker's lock and condition may be mid-use:
-// it starts a fresh worker, its thread made at its first launch. The old one is leaked.
 const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_worker = new Worker; });
 std::atomic<bool> g_held{false};  // ops are queued, or a failed launch's error waits
 bool g_error_waiting = false;
-std::string g_failure;  // the error of the launch that left values uncomputed
-std::string g_failure_type;  // its Python type's name
+// The error of the launch that left values uncomputed, and its Python type's name: set by the
+// engine's host (set_failure) and by the executor (an eager op's), read by the host.
+std::mutex g_failure_lock;
+std::string g_failure;
+std::string g_failure_type;
 int64_t g_failed_index = -1;
 OpRoute g_route;
 std::function<void(const char*)> g_host_sync;
 thread_local bool t_bypass = false;
+
+// Note [Values handed between jobs]: an op queued before its argument's producer has run
+// captures that argument weakly (Note [Queued arguments count no references]) and counts
+// itself a reader of its storage; the producer, when it runs, keeps its result's bytes here for
+// as long as readers remain, in case the caller dropped the tensor meanwhile. Shared by every
+// launch, fused or eager, since a reader may sit in another launch than its producer. The
+// lock orders a capture's look at a storage's bytes against the producer handing them over.
+struct Handoff {
+  std::mutex lock;
+  std::unordered_map<const c10::StorageImpl*, int64_t> readers;  // queued reads per unmade storage
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> produced;  // made, with readers left
+};
+Handoff g_handoff;
 
 void update_held() { g_held.store(!g_queue.entries.empty() || g_error_waiting); }
 
@@ -169,7 +153,9 @@ at::Tensor on_storage(c10::Storage storage, c10::DispatchKeySet keys, caffe2::Ty
   return t;
 }
 
-IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t element) {
+// fused: the entry is an op of the engine's queue, whose launch's on-chip plan counts fresh
+// storages (Note [On-chip intermediates]); an eager launch has no such plan.
+IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t element, bool fused) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) {
@@ -177,17 +163,19 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
     }
     if (t.device().type() == kNeuron) {
       const c10::Storage& storage = t.storage();
+      std::unique_lock<std::mutex> handoff(g_handoff.lock);
       if (storage.data() == nullptr && storage.nbytes() > 0) {  // made by an op still queued
         c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-        ++g_queue.readers[impl];
+        ++g_handoff.readers[impl];
         entry.pending.push_back(PendingArg{arg, element, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()),
                                            impl, t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.dtype(),
                                            t.key_set()});
         return at::Tensor();
       }
+      handoff.unlock();
       const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
       // A fresh storage's first use: a value of the launch if this op writes it, else outside it.
-      const bool defines = take_fresh(key) && written;
+      const bool defines = fused && take_fresh(key) && written;
       entry.existing.push_back(ExistingArg{arg, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()),
                                            key, static_cast<double>(t.numel()) * static_cast<double>(t.element_size()),
                                            written, defines});
@@ -199,26 +187,29 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
     }
     at::Tensor snapshot = t.clone();  // Note [CPU scalar tensors]: read at issue
     // A Python number the dispatcher wrapped: type promotion treats it as a number, not a tensor.
-    snapshot.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // 0-dim only (a CPU index tensor is not)
+      snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+    }
     return snapshot;
   }
   if (v.isList()) {
     return map_list(v, [&](const IValue& e, size_t i) {
-      return capture(e, written, entry, arg, static_cast<int64_t>(i));
+      return capture(e, written, entry, arg, static_cast<int64_t>(i), fused);
     });
   }
   return v;
 }
 
 // The bytes a pending argument's producer made in this launch, as a tensor of its geometry.
-at::Tensor resolve(Launch& launch, const PendingArg& p) {
+at::Tensor resolve(const PendingArg& p) {
   c10::Storage storage;
   if (auto alive = p.storage.lock()) {
     storage = c10::Storage(std::move(alive));
   }
   if (!storage || storage.data() == nullptr) {
-    auto found = launch.produced.find(p.key);
-    if (found != launch.produced.end()) {
+    std::unique_lock<std::mutex> handoff(g_handoff.lock);
+    auto found = g_handoff.produced.find(p.key);
+    if (found != g_handoff.produced.end()) {
       storage = found->second;
     }
   }
@@ -228,9 +219,9 @@ at::Tensor resolve(Launch& launch, const PendingArg& p) {
   return on_storage(storage, p.keys, p.dtype, p.sizes, p.strides, p.offset);
 }
 
-void bind_pending(Launch& launch, Entry& entry, torch::jit::Stack& stack) {
+void bind_pending(Entry& entry, torch::jit::Stack& stack) {
   for (const PendingArg& p : entry.pending) {
-    at::Tensor t = resolve(launch, p);
+    at::Tensor t = resolve(p);
     if (p.element < 0) {
       stack[p.arg] = std::move(t);
     } else {
@@ -241,14 +232,24 @@ void bind_pending(Launch& launch, Entry& entry, torch::jit::Stack& stack) {
 }
 
 // Its reads done, an entry lets go of what it read: the last reader frees a produced value.
-void release_pending(Launch& launch, const Entry& entry) {
+void release_pending(Entry& entry) {
+  c10::Storage freed;  // the last reader's value goes outside the lock
+  std::unique_lock<std::mutex> handoff(g_handoff.lock);
   for (const PendingArg& p : entry.pending) {
-    auto it = launch.readers.find(p.key);
-    if (it != launch.readers.end() && --it->second <= 0) {
-      launch.readers.erase(it);
-      launch.produced.erase(p.key);
+    auto it = g_handoff.readers.find(p.key);
+    if (it != g_handoff.readers.end() && --it->second <= 0) {
+      g_handoff.readers.erase(it);
+      auto made = g_handoff.produced.find(p.key);
+      if (made != g_handoff.produced.end()) {
+        freed = std::move(made->second);
+        g_handoff.produced.erase(made);
+        handoff.unlock();
+        freed = c10::Storage();
+        handoff.lock();
+      }
     }
   }
+  entry.pending.clear();  // once: a failed entry is released again with those dropped after it
 }
 
 at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
@@ -295,13 +296,14 @@ void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& 
 }
 
 void run_entry(Launch& launch, Entry& entry) {
+  (void)launch;
   const RouteBypass bypass;  // the eager path, not the engine again
   const c10::FunctionSchema& schema = entry.op.schema();
   torch::jit::Stack stack = std::move(entry.args);  // released when the op has run
-  bind_pending(launch, entry, stack);
+  bind_pending(entry, stack);
   const OnChipScope on_chip(launch, entry);
   entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
-  release_pending(launch, entry);
+  release_pending(entry);
   size_t spec_index = 0;
   size_t out = 0;  // entry.outputs holds the defined outputs only
   auto take = [&](const IValue& v) {
@@ -314,15 +316,21 @@ void run_entry(Launch& launch, Entry& entry) {
     }
     const size_t k = out++;
     const c10::StorageImpl* key = entry.outputs[k]._unsafe_get_target();
-    const bool read_later = launch.readers.count(key) > 0;
-    if (auto target = entry.outputs[k].lock()) {
+    auto target = entry.outputs[k].lock();
+    // Under the lock: a capture on the host sees either no bytes and counts itself a reader
+    // before this looks, or the bytes (Note [Values handed between jobs]).
+    std::unique_lock<std::mutex> handoff(g_handoff.lock);
+    const bool read_later = g_handoff.readers.count(key) > 0;
+    if (target) {
       fill(target, v.toTensor(), spec, entry.op);
       if (read_later) {  // the bytes, not the storage: its holders' use counts stay theirs
-        launch.produced[key] = share_bytes(c10::Storage(std::move(target)));
+        g_handoff.produced[key] = share_bytes(c10::Storage(target));
       }
-    } else if (read_later) {  // nobody holds it but queued readers: the launch keeps its bytes
-      launch.produced[key] = v.toTensor().storage();
+    } else if (read_later) {  // nobody holds it but queued readers: they keep its bytes
+      g_handoff.produced[key] = v.toTensor().storage();
     }
+    handoff.unlock();
+    target.reset();  // outside the lock: the last holder's release may free device memory
   };
   const auto& returns = schema.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
@@ -355,6 +363,9 @@ int64_t run_launch(Launch& launch, int64_t* failed) {
       run_entry(launch, launch.entries[k]);
     } catch (...) {
       *failed = static_cast<int64_t>(k);
+      for (size_t j = k; j < launch.entries.size(); ++j) {
+        release_pending(launch.entries[j]);  // they will not read what they waited for
+      }
       throw;  // the entries after k are dropped: their outputs never get bytes
     }
   }
@@ -376,6 +387,8 @@ void set_route(OpRoute route) { g_route = std::move(route); }
 
 bool route_active() { return g_route && !t_bypass; }
 
+bool route_bypassed() { return t_bypass; }
+
 bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!route_active()) {
     return false;
@@ -393,15 +406,18 @@ void set_host_sync(std::function<void(const char*)> sync) { g_host_sync = std::m
 
 void sync_before_host_access(const char* reason) {
   // While the engine is attached it sees every host access, queued ops or not: each one is a
-  // sync point that cuts its traces, whether or not anything waits at this moment.
-  if (t_bypass || !g_host_sync || !(g_route || g_held.load(std::memory_order_relaxed))) {
-    return;
+  // sync point that cuts its traces, whether or not anything waits at this moment. Not while
+  // bypassed: an op of a launch (what it reads was made before it), or one the engine runs now.
+  if (!t_bypass && g_host_sync && (g_route || g_held.load(std::memory_order_relaxed))) {
+    g_host_sync(reason);
   }
-  g_host_sync(reason);
+  // The eager ops posted to the device (Note [The device executor]); nothing on the executor.
+  wait_for_device();
 }
 
 void run_before_eager() {
-  if (!t_bypass && (!g_queue.entries.empty() || g_worker->busy.load()) && g_host_sync) {
+  // An engine launch in flight needs no wait: an eager op is posted behind it, in order.
+  if (!t_bypass && !g_queue.entries.empty() && g_host_sync) {
     g_host_sync("host read");
   }
 }
@@ -418,24 +434,36 @@ void check_computed(const c10::Storage& storage) {
 
 [[noreturn]] void raise_failure() {
   // The same error as the failed launch raised (its Python type, its message).
-  const std::string message = g_failure.empty()
-      ? std::string("this neuron tensor's value was never computed: the deferred launch that makes it failed")
-      : g_failure;
-  if (g_failure_type == "IndexError") {
+  std::string message;
+  std::string type;
+  {
+    std::lock_guard<std::mutex> guard(g_failure_lock);
+    message = g_failure;
+    type = g_failure_type;
+  }
+  if (message.empty()) {
+    message = "this neuron tensor's value was never computed: the deferred launch that makes it failed";
+  }
+  if (type == "IndexError") {
     TORCH_CHECK_INDEX(false, message);
-  } else if (g_failure_type == "ValueError") {
+  } else if (type == "ValueError") {
     TORCH_CHECK_VALUE(false, message);
-  } else if (g_failure_type == "TypeError") {
+  } else if (type == "TypeError") {
     TORCH_CHECK_TYPE(false, message);
-  } else if (g_failure_type == "NotImplementedError") {
+  } else if (type == "NotImplementedError") {
     TORCH_CHECK_NOT_IMPLEMENTED(false, message);
-  } else if (g_failure_type == "OutOfMemoryError") {
+  } else if (type == "OutOfMemoryError") {
     TORCH_CHECK_WITH(OutOfMemoryError, false, message);
   }
   TORCH_CHECK(false, message);
 }
 
-void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
+namespace {
+
+// Hands out the op's outputs as the plan says and appends the op, its arguments captured, to
+// the launch (Note [Deferred launches]).
+void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  std::shared_ptr<const DeferPlan> plan, bool fused) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t first = stack->size() - arguments.size();
@@ -476,14 +504,59 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
   entry.args.reserve(arguments.size());
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto* alias_info = arguments[i].alias_info();
-    entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), entry, i, -1));
+    entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), entry, i, -1, fused));
   }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (auto& v : returned) {
     stack->push_back(std::move(v));
   }
-  g_queue.entries.push_back(std::move(entry));
+  launch.entries.push_back(std::move(entry));
+}
+
+// An eager op's launch: one op, one launch on the clock (its kernel prices itself, outside any
+// fused launch), its outputs charged at issue.
+void run_eager_launch(Launch& launch) {
+  const ChargeScope charged_at_issue;  // Note [Deferred outputs are charged at issue] (memory.cpp)
+  Entry& entry = launch.entries.front();
+  const c10::DeviceGuard device(c10::Device(kNeuron, entry.plan->device));
+  // Counted as issued when posted (post_eager): its end charges its time, as a stream launch's.
+  FusedLaunch counted(entry.plan->device);
+  counted.issued_ops = 1;
+  try {
+    run_entry(launch, entry);
+  } catch (c10::Error& e) {
+    release_pending(entry);
+    e.add_context("(raised by " + c10::toString(entry.op.operator_name()) +
+                  " on the device, after it was issued: set NEURON_LAUNCH_BLOCKING=1 to raise it where it is issued)");
+    // What reading a value it never made raises (raise_failure): its type and message.
+    const char* type = dynamic_cast<c10::IndexError*>(&e) != nullptr ? "IndexError"
+                       : dynamic_cast<c10::ValueError*>(&e) != nullptr ? "ValueError"
+                       : dynamic_cast<c10::TypeError*>(&e) != nullptr ? "TypeError"
+                       : dynamic_cast<c10::NotImplementedError*>(&e) != nullptr ? "NotImplementedError"
+                       : dynamic_cast<c10::OutOfMemoryError*>(&e) != nullptr ? "OutOfMemoryError" : "RuntimeError";
+    std::lock_guard<std::mutex> guard(g_failure_lock);
+    g_failure = e.what_without_backtrace();
+    g_failure_type = type;
+    throw;
+  } catch (...) {
+    release_pending(entry);
+    throw;
+  }
+}
+
+}  // namespace
+
+void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
+  enqueue_into(g_queue, op, stack, std::move(plan), /*fused=*/true);
   update_held();
+}
+
+void post_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
+  auto launch = std::make_shared<Launch>();
+  const c10::DeviceIndex device = plan->device;
+  enqueue_into(*launch, op, stack, std::move(plan), /*fused=*/false);
+  issue_launch(device, 1);  // stats(wait=False) counts it from now, as a stream launch
+  post_to_device([launch] { run_eager_launch(*launch); });
 }
 
 int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
@@ -507,12 +580,17 @@ int64_t run_queue() {
   forget_fresh();
   plan_on_chip(launch);
   int64_t failed = -1;
+  int64_t ran = 0;
   try {
-    return run_launch(launch, &failed);
+    // On the device, behind the eager ops posted before it (it may hold random ops or Python
+    // kernels, which the executor runs as well: it takes the GIL for them, the host waits
+    // without it).
+    run_on_device([&] { ran = run_launch(launch, &failed); });
   } catch (...) {
     g_failed_index = failed;
     throw;
   }
+  return ran;
 }
 
 bool submit_queue() {
@@ -592,6 +670,7 @@ int64_t failed_index() { return g_failed_index; }
 
 void set_failure(std::string message, std::string type, bool waiting) {
   if (!message.empty()) {
+    std::lock_guard<std::mutex> guard(g_failure_lock);
     g_failure = std::move(message);
     g_failure_type = std::move(type);
   }

@@ -90,12 +90,13 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   // One in-order queue: a stream waiting for an event waits for nothing.
   void block(void* /*event*/, const Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override { return true; }  // run once issued, in order
+  // Note [One queue per device] (streams.cpp): done once the executor has run all it was given.
+  bool queryEvent(void* /*event*/) const override { return device_idle(); }
   void synchronizeEvent(void* event) const override { synchronize_event(event); }
   double elapsedTime(void* start, void* end, const DeviceIndex /*device_index*/) const override {
     return elapsed_ms(start, end);
   }
-  bool queryStream(const Stream& /*stream*/) const override { return true; }
+  bool queryStream(const Stream& /*stream*/) const override { return device_idle(); }
   void synchronizeStream(const Stream& stream) const override { synchronize(stream.device_index()); }
   void synchronizeDevice(const DeviceIndex device_index) const override { synchronize(device_index); }
 

@@ -2,9 +2,10 @@
 //
 // Note [One queue per device]: the emulated device runs its launches in issue order, one at
 // a time (the clock is their sum: clock.cpp), so every stream of a device is a name for the
-// same queue: work on two streams can never overlap or reorder, `wait_stream`/`wait_event`
-// (block) have nothing to wait for, and an event is complete once what was issued before
-// it has run. Streams still exist, with ids, per-thread current streams and priorities, so
+// same queue: the device's executor (Note [The device executor] in executor.cpp). Work on two
+// streams can never overlap or reorder, `wait_stream`/`wait_event` (block) have nothing to
+// wait for, and a stream or event is complete (query) once the executor has run everything
+// issued (a conservative answer for an event recorded before later work). Streams still exist, with ids, per-thread current streams and priorities, so
 // code written for CUDA streams (FSDP2, DCP, overlap schedules) runs as written.
 //
 // What upper layers hold back (the adaptive engine's pending ops) has not been issued yet:
@@ -60,6 +61,7 @@ void synchronize(c10::DeviceIndex d) {
   if (synchronizer) {
     synchronizer(d);
   }
+  wait_for_device();  // the eager ops posted to the executor (Note [The device executor])
 }
 
 c10::Stream current_stream(c10::DeviceIndex d) {

@@ -2,13 +2,14 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Some CPU kernels' bits depend on their intra-op thread count: a reduction splits its input
 // by thread (convolution and batch norm backward, a long sum). CPU runs a program's kernels
-// on the user's thread, with that thread's count. The emulated device runs some on threads
-// of its own: autograd's thread for the device (every backward) and the device stream's
-// worker (fused launches). A new thread takes ATen's global count, which is the last count
+// on the user's thread, with that thread's count. The emulated device runs them on a thread of
+// its own, whatever thread issued them (the user's, or autograd's thread for the device, which
+// issues every backward op). A new thread takes ATen's global count, which is the last count
 // any thread set, not the user's: DataLoader's pin-memory thread calls
 // torch.set_num_threads(1), after which a neuron backward ran on 1 thread while CPU's ran on
 // 2, and training no longer gave CPU's bits. So each op issued on a user's thread records
-// that thread's count, and the device's threads take the recorded count before a kernel.
+// that thread's count, and the device's executor (runtime/executor.cpp), which runs every
+// kernel, takes the recorded count before each job.
 // Set only when it differs: at::set_num_threads also turns MKL's dynamic threads off for the
 // whole process (Note [The stream's intra-op threads] in engine/queue.cpp).
 #include "neuron.h"
@@ -46,10 +47,7 @@ void take_host_thread_count() {
     }
     return;
   }
-  const int n = g_host_threads.load(std::memory_order_relaxed);
-  if (n > 0 && at::get_num_threads() != n) {
-    at::set_num_threads(n);
-  }
+  // Autograd's thread issues, and the executor runs what it issues with the recorded count.
 }
 
 }  // namespace neuron

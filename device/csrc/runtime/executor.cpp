@@ -1,0 +1,234 @@
+// Note [The device executor]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The emulated device runs its kernels on a thread of its own, as a real accelerator runs them
+// on its own cores: one in-order queue of jobs for the process, one thread that runs them.
+// The user's threads and autograd's thread for the device only issue (aten/issue.cpp): an op
+// whose outputs' geometry is known is posted and the host runs ahead (post_to_device); any
+// other waits for its own run (run_on_device). Host reads, synchronize() and the like wait
+// for the queue to empty (wait_for_device), and raise there the first error an op posted
+// without a wait met, as CUDA raises an asynchronous error at the next sync.
+//
+// Why a thread of its own, and not the issuing one: every thread that enters an OpenMP region
+// keeps a thread team, and libgomp counts all teams' threads; once they outnumber the cores it
+// stops spinning between regions (its "throttled" spin), and every later region of every
+// team wakes its workers through the kernel: a 16x64 CPU matmul took 6 us before a neuron
+// backward and 120-145 us after it, in the same process, because autograd's device thread
+// kept a team. Kernels on one thread make one team; and the executor lets its team go when
+// it has been idle a moment (Note [The executor's idle team]), so a process that stops
+// using the device gets its CPU kernels' speed back.
+#include "neuron.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <c10/util/Exception.h>
+
+#include <Python.h>
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace neuron {
+namespace {
+
+// Note [The executor's idle team]: libgomp frees a thread's team only when the thread exits,
+// or when it asks with omp_pause_resource_all (OpenMP 5.0). Looked up at run time: a torch
+// built with another OpenMP runtime may not have it, and then the team stays.
+constexpr auto kIdleBeforeRelease = std::chrono::milliseconds(2);
+using PauseFn = int (*)(int);
+constexpr int kOmpPauseSoft = 1;
+
+PauseFn omp_pause() {
+  static const PauseFn fn = reinterpret_cast<PauseFn>(dlsym(RTLD_DEFAULT, "omp_pause_resource_all"));
+  return fn;
+}
+
+struct Job {
+  std::function<void()> run;  // never throws: post_to_device and run_on_device wrap it
+  int threads = 1;
+};
+
+thread_local bool t_on_executor = false;
+
+struct Executor {
+  std::mutex lock;
+  std::condition_variable posted;  // the thread waits on it for jobs
+  std::condition_variable ran;  // issuers wait on it for jobs to end
+  std::deque<Job> jobs;
+  uint64_t issued = 0;  // jobs posted
+  uint64_t done = 0;  // jobs run; the jobs run in order, so job k is done when done > k
+  bool started = false;
+  // The first error of a job no host waited for, until a sync raises it.
+  std::exception_ptr error;
+
+  uint64_t post(Job job) {
+    std::unique_lock<std::mutex> guard(lock);
+    if (!started) {
+      started = true;
+      // Detached: it waits on `posted` for the process's life, and must not be joined at exit.
+      std::thread([this] { loop(); }).detach();
+    }
+    jobs.push_back(std::move(job));
+    const uint64_t ticket = issued++;
+    posted.notify_one();
+    return ticket;
+  }
+
+  void loop() {
+    t_on_executor = true;
+    mark_device_thread();
+    bool team = false;  // this thread may hold an OpenMP team
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> guard(lock);
+        if (jobs.empty() && team && omp_pause() != nullptr &&
+            !posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
+          guard.unlock();
+          omp_pause()(kOmpPauseSoft);  // frees this thread's team (none is active: no region is open)
+          team = false;
+          continue;
+        }
+        posted.wait(guard, [this] { return !jobs.empty(); });
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      // Note [The stream's intra-op threads]: set only when it differs: at::set_num_threads
+      // also calls mkl_set_dynamic(false) for the whole process, after which MKL's VML ran a
+      // 2,048-element tanh on a thread team: 3-10x slower kernels for the rest of the process.
+      if (at::get_num_threads() != job.threads) {
+        at::set_num_threads(job.threads);
+      }
+      team = true;
+      job.run();
+      job.run = nullptr;  // what it captured goes now, on this thread
+      {
+        std::unique_lock<std::mutex> guard(lock);
+        ++done;
+      }
+      ran.notify_all();
+    }
+  }
+
+  // Waits, without the GIL (a job may free a Python-owned storage, or run a Python kernel,
+  // which takes it), until done > ticket.
+  void wait_past(uint64_t ticket) {
+    auto wait = [&] {
+      std::unique_lock<std::mutex> guard(lock);
+      ran.wait(guard, [&] { return done > ticket; });
+    };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      PyThreadState* saved = PyEval_SaveThread();
+      wait();
+      PyEval_RestoreThread(saved);
+    } else {
+      wait();
+    }
+  }
+};
+
+// Never destroyed: at exit its thread still waits on `posted`, and destroying a condition
+// variable that a thread waits on blocks exit for ever (glibc's pthread_cond_destroy).
+Executor* g_executor = new Executor;
+
+// A forked child has no executor thread (the parent emptied the queue before forking:
+// dispatch/registration.py), and its copy of the lock may be mid-use: it starts a fresh
+// executor, whose thread starts at its first job. The old one is leaked.
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_executor = new Executor; });
+
+}  // namespace
+
+bool on_device_thread() { return t_on_executor; }
+
+void post_to_device(std::function<void()> job) {
+  take_host_thread_count();  // Note [Kernels take the host's thread count] (threads.cpp)
+  const int threads = host_thread_count();
+  g_executor->post(Job{[run = std::move(job)] {
+                         try {
+                           run();
+                         } catch (...) {
+                           note_device_error(std::current_exception());
+                         }
+                       },
+                       threads});
+}
+
+void run_on_device(const std::function<void()>& job) {
+  if (t_on_executor) {
+    job();
+    return;
+  }
+  std::exception_ptr error;
+  // The issuing thread's state (grad mode, profiler callbacks, dispatch keys), as autograd's
+  // threads take the caller's: a profiler records the kernel's ranges, on the device's thread.
+  at::ThreadLocalState state;
+  take_host_thread_count();
+  const uint64_t ticket = g_executor->post(Job{[&] {
+                                                 try {
+                                                   const at::ThreadLocalStateGuard guard(state);
+                                                   job();
+                                                 } catch (...) {
+                                                   error = std::current_exception();
+                                                 }
+                                               },
+                                               host_thread_count()});
+  g_executor->wait_past(ticket);
+  if (error) {
+    std::rethrow_exception(error);
+  }
+}
+
+void note_device_error(std::exception_ptr error) {
+  std::unique_lock<std::mutex> guard(g_executor->lock);
+  if (!g_executor->error) {
+    g_executor->error = std::move(error);
+  }
+}
+
+void wait_for_device() {
+  if (t_on_executor) {
+    return;  // a job's own host access: everything before it has run
+  }
+  uint64_t last = 0;
+  {
+    std::unique_lock<std::mutex> guard(g_executor->lock);
+    if (g_executor->issued == 0) {
+      return;
+    }
+    last = g_executor->issued - 1;
+  }
+  g_executor->wait_past(last);
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> guard(g_executor->lock);
+    std::swap(error, g_executor->error);
+  }
+  if (error) {
+    std::rethrow_exception(error);  // once: a later sync raises only a later error
+  }
+}
+
+bool device_idle() {
+  std::unique_lock<std::mutex> guard(g_executor->lock);
+  return g_executor->done == g_executor->issued;
+}
+
+void release_host_thread_team() {
+  // A thread with no team, or inside a parallel region, is left as it is (cheap: libgomp
+  // looks at one thread-local pointer).
+  if (omp_pause() != nullptr && !t_on_executor) {
+    omp_pause()(kOmpPauseSoft);
+  }
+}
+
+}  // namespace neuron

@@ -1,0 +1,124 @@
+"""The device runs its kernels on its own thread, asynchronously (Note [The device executor] in
+device/csrc/runtime/executor.cpp, Note [Eager ops run on the device] in device/csrc/aten/issue.cpp):
+issue returns before the kernel has run, host reads wait, errors surface at the next sync, and a
+process's CPU kernels keep their speed after neuron work."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import adaptive_eager
+from adaptive_eager.device import native
+from subproc import run_json
+
+
+@pytest.fixture(autouse=True)
+def _eager_mode():
+    with adaptive_eager.mode("eager"):
+        yield
+    torch.neuron.synchronize()
+
+
+def _kernel_threads():
+    """A CPU kernel (a custom op's) that records the thread it runs on; neuron runs every op with
+    the CPU's kernel on the device's bytes, so it records the thread that runs neuron's kernels."""
+    seen: list[int] = []
+    lib = torch.library.Library("executor_test", "FRAGMENT")
+    lib.define("mark(Tensor x) -> Tensor")
+    lib.impl("mark", lambda x: (seen.append(threading.get_ident()), x * 2)[1], "CPU")
+    return lib, seen
+
+
+def test_kernels_run_on_the_devices_thread_not_the_callers_nor_autograds():
+    lib, seen = _kernel_threads()
+
+    class Mark(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return torch.ops.executor_test.mark(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.ops.executor_test.mark(grad)  # issued on autograd's thread for neuron
+
+    x = torch.ones(4, device="neuron", requires_grad=True)
+    Mark.apply(x).sum().backward()
+    torch.neuron.synchronize()
+    assert torch.equal(x.grad.cpu(), torch.full((4,), 2.0))
+    assert len(seen) == 2 and seen[0] == seen[1]  # one device thread ran both
+    assert threading.get_ident() not in seen
+    del lib
+
+
+def test_an_eager_op_returns_before_its_kernel_has_run_and_a_host_read_waits_for_it():
+    a = torch.randn(1536, 1536, device="neuron")
+    a @ a  # its first call runs while the caller waits, and shows where its output goes
+    torch.neuron.synchronize()
+    start = time.perf_counter()
+    c = a @ a  # posted: the host goes on
+    issued_s = time.perf_counter() - start
+    running = not native.device_idle()
+    c_host = c.cpu()  # a host read waits for it
+    total_s = time.perf_counter() - start
+    assert running  # the matmul (about 7 GFLOP) was still running when the call returned
+    assert issued_s < 0.5 * total_s
+    assert torch.equal(c_host, (a.cpu() @ a.cpu()))
+
+
+def test_an_error_on_the_device_raises_at_the_next_sync_naming_the_op_and_later_ops_run():
+    table = torch.arange(12.0, device="neuron").reshape(4, 3)
+    good = torch.tensor([0, 3], device="neuron")
+    torch.index_select(table, 0, good)  # learns index_select's outputs: the next call is posted
+    torch.neuron.synchronize()
+    bad = torch.tensor([0, 7], device="neuron")
+    out = torch.index_select(table, 0, bad)  # returns: the error waits for a sync
+    after = table * 2  # later ops run
+    with pytest.raises(IndexError, match=r"index out of range[\s\S]*aten::index_select[\s\S]*NEURON_LAUNCH_BLOCKING"):
+        torch.neuron.synchronize()
+    with pytest.raises(IndexError):  # the value it would have written was never made
+        out.cpu()
+    assert torch.equal(after.cpu(), torch.arange(12.0).reshape(4, 3) * 2)
+    torch.neuron.synchronize()  # raised once
+
+
+def test_launch_blocking_raises_an_devices_error_at_the_call():
+    out = run_json("""
+        import torch, adaptive_eager
+        adaptive_eager.set_mode("eager")
+        table = torch.arange(12.0, device="neuron").reshape(4, 3)
+        torch.index_select(table, 0, torch.tensor([0, 3], device="neuron"))
+        bad = torch.tensor([0, 7], device="neuron")
+        try:
+            torch.index_select(table, 0, bad)
+            emit("returned")
+        except IndexError:
+            emit("raised at the call")
+    """, env={"NEURON_LAUNCH_BLOCKING": "1"})
+    assert out == "raised at the call"
+
+
+def test_a_cpu_matmul_keeps_its_speed_after_a_neuron_backward():
+    # libgomp stops spinning once its threads outnumber the cores: a thread team kept by a
+    # device thread made each later CPU region of the process wake its workers through the
+    # kernel (6 us -> 120 us). A ratio of medians, in a fresh process, with a wide bound.
+    out = run_json("""
+        import statistics, time, torch
+        a, b = torch.randn(16, 64), torch.randn(64, 64)
+        def median_us():
+            times = []
+            for _ in range(2000):
+                start = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - start)
+            return statistics.median(times) * 1e6
+        before = median_us()
+        model = torch.nn.Linear(64, 64).to("neuron")
+        model(torch.randn(16, 64, device="neuron")).sum().backward()
+        torch.neuron.synchronize()
+        time.sleep(0.05)  # the device's thread lets its idle team go after a moment
+        emit(median_us() / before)
+    """, env={"OMP_NUM_THREADS": None})
+    assert out < 2.0
