@@ -122,3 +122,29 @@ def test_a_cpu_matmul_keeps_its_speed_after_a_neuron_backward():
         emit(median_us() / before)
     """, env={"OMP_NUM_THREADS": None})
     assert out < 2.0
+
+
+def test_a_steady_eager_training_step_posts_every_op_and_trains_to_cpus_bits():
+    # Once a step has run, each of its ops is known (same geometry as last step): none waits,
+    # AdamW's foreach updates and their per-step float arguments included.
+    def train(device, steps=6):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 10)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x, y = torch.randn(8, 32).to(device), torch.randint(0, 10, (8,)).to(device)
+        counts = []
+        for _ in range(steps):
+            before = native.eager_issue_counts()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            after = native.eager_issue_counts()
+            counts.append((after[0] - before[0], after[1] - before[1]))
+        return [p.detach().cpu() for p in model.parameters()], counts
+
+    cpu_params, _ = train("cpu")
+    neuron_params, counts = train("neuron")
+    assert all(torch.equal(a, b) for a, b in zip(cpu_params, neuron_params))
+    posted, waited = counts[-1]
+    assert posted > 10 and waited == 0
