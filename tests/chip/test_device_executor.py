@@ -148,3 +148,33 @@ def test_a_steady_eager_training_step_posts_every_op_and_trains_to_cpus_bits():
     assert all(torch.equal(a, b) for a, b in zip(cpu_params, neuron_params))
     posted, waited = counts[-1]
     assert posted > 10 and waited == 0
+
+
+def test_a_fork_while_the_devices_idle_thread_team_is_released_gives_a_working_child():
+    # Note [A released team and fork]: the executor lets its idle thread team go 2 ms after its
+    # last job; a fork while those workers exit handed the child MKL's allocator lock, held by a
+    # thread the child lacks, and the child's first matmul spun for ever (half the runs).
+    out = run_json("""
+        import os, time, torch, adaptive_eager
+        x = torch.ones(256, 256).to('neuron')
+        hung, failed = 0, 0
+        for delay_ms in (0, 1, 1.5, 2, 2.5, 3, 4, 6):
+            y = torch.tanh(x @ x * 0.001 + 0.1)  # the device's team works, then idles
+            y.cpu()
+            time.sleep(delay_ms / 1000)
+            pid = os.fork()
+            if pid == 0:
+                z = torch.tanh(x @ x * 0.001 + 0.1)
+                os._exit(0 if torch.isfinite(z.cpu()).all() else 1)
+            deadline = time.monotonic() + 60
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if done[0] == 0:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                hung += 1
+            elif os.waitstatus_to_exitcode(done[1]) != 0:
+                failed += 1
+        emit({'hung': hung, 'failed': failed})
+    """)
+    assert out == {"hung": 0, "failed": 0}

@@ -27,6 +27,9 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,6 +54,63 @@ constexpr int kOmpPauseSoft = 1;
 PauseFn omp_pause() {
   static const PauseFn fn = reinterpret_cast<PauseFn>(dlsym(RTLD_DEFAULT, "omp_pause_resource_all"));
   return fn;
+}
+
+// Note [A released team and fork]: omp_pause_resource_all returns once the team's workers
+// have left their last barrier, but they exit on their own time after it, and an exiting
+// worker runs MKL's thread-exit cleanup, which holds MKL's memory manager's lock. A fork in
+// that moment hands the child the lock held by a thread the child does not have: its first
+// matmul spins for ever (6 hangs in 12 runs of a fork right after a launch). So a release
+// holds g_release, and fork (the prepare handler below) takes it and then waits for the
+// process's thread count to settle after a recent release: no worker is exiting as it forks.
+std::mutex g_release;
+std::chrono::steady_clock::time_point g_last_release;  // under g_release
+constexpr auto kReleaseSettles = std::chrono::milliseconds(20);  // exits take microseconds
+constexpr auto kSettledFor = std::chrono::milliseconds(1);
+
+void release_team() {
+  const std::lock_guard<std::mutex> guard(g_release);
+  omp_pause()(kOmpPauseSoft);
+  g_last_release = std::chrono::steady_clock::now();
+}
+
+// The process's thread count, from /proc (-1 where there is none).
+int process_thread_count() {
+  FILE* stat = std::fopen("/proc/self/stat", "r");
+  if (stat == nullptr) {
+    return -1;
+  }
+  char text[1024];
+  const size_t n = std::fread(text, 1, sizeof(text) - 1, stat);
+  std::fclose(stat);
+  text[n] = '\0';
+  // Field 20 (num_threads); the name in field 2 may hold spaces, so count from its ')'.
+  const char* at = std::strrchr(text, ')');
+  for (int field = 2; at != nullptr && field < 20; ++field) {
+    at = std::strchr(at + 1, ' ');
+  }
+  return at == nullptr ? -1 : std::atoi(at + 1);
+}
+
+void settle_released_teams() {
+  g_release.lock();  // held through the fork: no release starts; unlocked in parent and child
+  const auto start = std::chrono::steady_clock::now();
+  if (start - g_last_release > kReleaseSettles) {
+    return;
+  }
+  int count = process_thread_count();
+  auto changed = start;
+  while (count >= 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    const auto now = std::chrono::steady_clock::now();
+    const int later = process_thread_count();
+    if (later != count) {
+      count = later;
+      changed = now;
+    } else if (now - changed >= kSettledFor || now - start >= kReleaseSettles) {
+      return;
+    }
+  }
 }
 
 struct Job {
@@ -95,7 +155,7 @@ struct Executor {
         if (jobs.empty() && team && omp_pause() != nullptr &&
             !posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
           guard.unlock();
-          omp_pause()(kOmpPauseSoft);  // frees this thread's team (none is active: no region is open)
+          release_team();  // frees this thread's team (none is active: no region is open)
           team = false;
           continue;
         }
@@ -144,7 +204,12 @@ Executor* g_executor = new Executor;
 // A forked child has no executor thread (the parent emptied the queue before forking:
 // dispatch/registration.py), and its copy of the lock may be mid-use: it starts a fresh
 // executor, whose thread starts at its first job. The old one is leaked.
-const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_executor = new Executor; });
+const int g_fork_handler = pthread_atfork(
+    settle_released_teams, [] { g_release.unlock(); },
+    [] {
+      g_release.unlock();  // the child's one thread is the one that locked it
+      g_executor = new Executor;
+    });
 
 }  // namespace
 
@@ -227,7 +292,7 @@ void release_host_thread_team() {
   // A thread with no team, or inside a parallel region, is left as it is (cheap: libgomp
   // looks at one thread-local pointer).
   if (omp_pause() != nullptr && !t_on_executor) {
-    omp_pause()(kOmpPauseSoft);
+    release_team();
   }
 }
 
