@@ -145,11 +145,16 @@ class Runtime:
         native.wait_for_device()  # the eager ops posted to the device (Note [The device executor])
 
     def synchronize(self, index: int | None = None) -> None:
+        self.issue_held(index)
+        native.wait_for_device()
+
+    def issue_held(self, index: int | None = None) -> None:
+        """Issue what upper layers hold back (the sync hooks) without waiting for it to run:
+        a timing event's record (Note [One queue per device] in runtime/streams.cpp)."""
         if index is not None:
             self.check_index(index)
         for hook in list(self._sync_hooks):
             hook(index)
-        native.wait_for_device()
 
     def set_spend_launch_overhead(self, spend: bool) -> bool:
         """Spend (True) or only model (False) the launch overhead from now on; returns the

@@ -74,7 +74,8 @@ def register() -> None:
         runtime.add_sync_hook(_drain_executor)
         # Synchronizing a stream, an event or the device (torch.accelerator.synchronize) in C++
         # runs what the engine holds back first: Note [One queue per device].
-        native.set_synchronizer(lambda index: runtime.synchronize(None if index < 0 else index))
+        native.set_synchronizer(lambda index: runtime.synchronize(None if index < 0 else index),
+                                lambda index: runtime.issue_held(None if index < 0 else index))
         runtime.add_drain_hook(_wait_for_executor)
         # A launch still on the device stream (Note [The device stream]) must not run on while
         # the interpreter exits, nor be in flight when the process forks (the child has no worker).

@@ -74,15 +74,20 @@ void install_eager(double us_per_byte, double on_chip_bytes, const py::dict& us_
 // threads that synchronize a stream, an event or the device. A Python exception propagates
 // as itself (torch's bindings restore it). Kept in a leaked object: it must outlive
 // interpreter shutdown's destruction of module globals.
-void set_synchronizer(py::object fn) {
+std::function<void(c10::DeviceIndex)> call_python(py::object fn) {
   auto* held = new py::object(std::move(fn));
-  neuron::set_synchronizer([held](c10::DeviceIndex d) {
+  return [held](c10::DeviceIndex d) {
     if (!Py_IsInitialized()) {
       return;
     }
     py::gil_scoped_acquire gil;
     (*held)(static_cast<int64_t>(d));
-  });
+  };
+}
+
+// The issuer runs the held-back work without waiting for it (a timing event's record).
+void set_synchronizer(py::object fn, py::object issuer) {
+  neuron::set_synchronizer(call_python(std::move(fn)), call_python(std::move(issuer)));
 }
 
 }  // namespace
@@ -132,7 +137,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return false;
       });
   // streams and events
-  m.def("set_synchronizer", &set_synchronizer, "fn(device index, -1 for all) runs held-back work and waits");
+  m.def("set_synchronizer", &set_synchronizer,
+        "fn(device index, -1 for all) runs held-back work and waits; issuer(index) only issues it");
   // generators
   m.def("host_generator", &neuron::host_generator, "the CPU generator a kernel draws from for a neuron generator");
   // the eager path (aten/registration.cpp) and host aliases of device bytes (aten/host_alias.cpp)

@@ -150,7 +150,8 @@ at::Generator host_generator(const at::Generator& g);
 
 // streams.cpp: streams and events on the device's one in-order queue (Note [One queue per device]).
 // The synchronizer runs what upper layers hold back for device d (-1: all), then waits for it.
-void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer);
+void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer,
+                      std::function<void(c10::DeviceIndex)> issuer);
 void synchronize(c10::DeviceIndex d);
 c10::Stream current_stream(c10::DeviceIndex d);  // the calling thread's
 c10::Stream new_stream(c10::DeviceIndex d);

@@ -69,6 +69,25 @@ def test_elapsed_time_is_the_modelled_device_time_between_the_records(mode):
     assert end.query() and torch.neuron.current_stream().query()
 
 
+def test_recording_a_timing_event_does_not_wait_for_the_device():
+    # As on CUDA: record() enqueues the clock's reading behind the work issued before it and
+    # returns; elapsed_time waits for both. It synchronized the device before.
+    from adaptive_eager.device import native
+
+    with adaptive_eager.mode("eager"):
+        a = torch.randn(1536, 1536, device="neuron")
+        (a @ a).sum().cpu()  # learns the ops' plans: later calls are posted
+        start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+        before = adaptive_eager.stats().device_time_us
+        start.record()
+        y = (a @ a) @ a
+        end.record()
+        assert not native.device_idle()  # the matmuls (tens of ms each on this CPU) still run
+        spent_us = adaptive_eager.stats().device_time_us - before
+        assert start.elapsed_time(end) == pytest.approx(spent_us / 1000.0, rel=1e-9)
+        del y
+
+
 def test_work_on_another_stream_is_ordered_and_gives_the_same_values(mode):
     x = torch.arange(16.0, device="neuron")
     side = torch.neuron.Stream()

@@ -10,8 +10,10 @@
 //
 // What upper layers hold back (the adaptive engine's pending ops) has not been issued yet:
 // synchronizing a stream, an event or the device first asks the synchronizer set from Python
-// (device/runtime.py) to run it. A timing event does so when recorded, so that its time is
-// the device clock after everything issued before it: elapsed_time is then modelled time.
+// (device/runtime.py) to run it. A timing event asks it to issue them when recorded, and
+// posts a job behind them that reads the device clock: its time is the modelled clock after
+// everything issued before it, and the host runs on, as a CUDA event's record does not wait
+// for the stream. elapsed_time waits for both (as CUDA's requires completed events).
 // Nothing here calls the synchronizer where autograd calls the guard (record of a plain
 // event, block, exchangeStream), so autograd's worker threads never reach Python through it.
 #include "neuron.h"
@@ -21,6 +23,7 @@
 #include <array>
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 namespace neuron {
@@ -33,12 +36,15 @@ thread_local std::array<c10::StreamId, kMaxDevices> t_current_stream{};
 
 std::mutex g_sync_lock;
 std::function<void(c10::DeviceIndex)> g_synchronizer;
+std::function<void(c10::DeviceIndex)> g_issuer;
 
 struct NeuronEvent {
   c10::DeviceIndex device = -1;
   bool timing = false;
   bool recorded = false;
-  double time_us = 0;  // the device clock when recorded (timing events)
+  // The device clock when the executor reached the record (timing events). Shared with the
+  // job that writes it: the event may be destroyed before the job runs.
+  std::shared_ptr<std::atomic<double>> time_us = std::make_shared<std::atomic<double>>(0.0);
 };
 
 c10::DeviceIndex stream_device(const c10::Stream& s) {
@@ -47,10 +53,28 @@ c10::DeviceIndex stream_device(const c10::Stream& s) {
 
 }  // namespace
 
-void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer) {
+void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer,
+                      std::function<void(c10::DeviceIndex)> issuer) {
   std::lock_guard<std::mutex> guard(g_sync_lock);
   g_synchronizer = std::move(synchronizer);
+  g_issuer = std::move(issuer);
 }
+
+namespace {
+
+// Issues what upper layers hold back, without waiting for it to run.
+void issue_held(c10::DeviceIndex d) {
+  std::function<void(c10::DeviceIndex)> issuer;
+  {
+    std::lock_guard<std::mutex> guard(g_sync_lock);
+    issuer = g_issuer;
+  }
+  if (issuer) {
+    issuer(d);
+  }
+}
+
+}  // namespace
 
 void synchronize(c10::DeviceIndex d) {
   std::function<void(c10::DeviceIndex)> synchronizer;
@@ -94,8 +118,8 @@ void record_event(void** event, const c10::Stream& s, c10::EventFlag flag) {
   TORCH_CHECK(e->device == index, "Event device neuron:", static_cast<int>(e->device),
               " does not match the recording stream's device neuron:", static_cast<int>(index), ".");
   if (e->timing) {
-    synchronize(index);
-    e->time_us = counters(index).device_time_us;
+    issue_held(index);
+    post_to_device([time_us = e->time_us, index] { time_us->store(counters(index).device_time_us); });
   }
   e->recorded = true;
 }
@@ -117,7 +141,8 @@ double elapsed_ms(void* start, void* end) {
   TORCH_CHECK(a->timing && b->timing,
               "Both events must be created with enable_timing=True to calculate elapsed time.");
   TORCH_CHECK(a->device == b->device, "Both events must be on the same device to calculate elapsed time.");
-  return (b->time_us - a->time_us) / 1000.0;
+  wait_for_device();  // both records' jobs have run
+  return (b->time_us->load() - a->time_us->load()) / 1000.0;
 }
 
 }  // namespace neuron
