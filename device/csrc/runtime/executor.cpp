@@ -26,6 +26,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -140,7 +141,7 @@ struct Executor {
     }
     jobs.push_back(std::move(job));
     const uint64_t ticket = issued++;
-    posted.notify_one();
+    posted.notify_all();  // the thread, and its parked team (Note [The parked team])
     return ticket;
   }
 
@@ -152,6 +153,15 @@ struct Executor {
       Job job;
       {
         std::unique_lock<std::mutex> guard(lock);
+        if (jobs.empty() && team && at::get_num_threads() > 1) {
+          guard.unlock();
+          const bool woken = park_team();
+          if (!woken && omp_pause() != nullptr) {
+            release_team();  // frees this thread's team (none is active: no region is open)
+            team = false;
+          }
+          continue;
+        }
         if (jobs.empty() && team && omp_pause() != nullptr &&
             !posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
           guard.unlock();
@@ -178,6 +188,20 @@ struct Executor {
       }
       ran.notify_all();
     }
+  }
+
+  // Note [The parked team]: while the queue is empty, the team's workers wait on `posted`
+  // inside a region of our own, not in libgomp's spin (which takes a core from the host as
+  // it issues the next op). True when a job came, false after kIdleBeforeRelease without one.
+  bool park_team() {
+    std::atomic<bool> woken{false};
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      std::unique_lock<std::mutex> guard(lock);
+      if (posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
+        woken = true;
+      }
+    });
+    return woken;
   }
 
   // Waits, without the GIL (a job may free a Python-owned storage, or run a Python kernel,
