@@ -17,7 +17,9 @@ One namespace, one folder of the repository per layer; an import goes down this 
 """
 import torch  # noqa: F401  (first: torch's backend autoload then finds us mid-import)
 
-from .device import settings as _settings
+import os as _os
+
+from .device import native as _native, settings as _settings
 from .dispatch import register as _register
 
 # Every setting is read before anything registers: a bad one leaves nothing half-done, and
@@ -28,6 +30,8 @@ from .mode import SWITCH as _SWITCH, get_mode, mode, set_mode  # noqa: E402
 
 _default_mode = _SWITCH.default_from_env()
 _register()
+# A posted op's error names the user's line, not this package's: Note [Where an op was issued].
+_native.add_internal_source_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
 
 from .stats import Stats, reset_stats, stats  # noqa: E402
 from .explain import Explanation, explain  # noqa: E402

@@ -11,6 +11,8 @@ engine) register a sync hook, which `synchronize` calls to run it, and a drain h
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import time
 from typing import Callable
 
@@ -185,6 +187,9 @@ class Runtime:
         element_us = {dt: self.cost.us_per_vector_element(dt) for dt in _PRICED_DTYPES}
         converted = {dt: why for dt in _PRICED_DTYPES if (why := self.config.profile.converted(dt))}
         native.set_launch_blocking(bool(settings.read("NEURON_LAUNCH_BLOCKING")))  # Note [Eager ops run on the device]
+        # A posted op's error names the user's line, not torch's nor ours: Note [Where an op was issued].
+        for package in (torch, sys.modules[__package__]):
+            native.add_internal_source_dir(os.path.dirname(os.path.abspath(package.__file__)) + os.sep)
         native.install_eager(self.cost.us_per_byte, self.cost.on_chip_bytes, flop_us, self.cost.us_per_flop(torch.float32),
                              element_us, self.cost.us_per_vector_element(torch.float32), converted)
 

@@ -61,6 +61,7 @@ def register() -> None:
         runtime.install()
         # Every op of a neuron tensor runs in C++ (csrc/aten/run_on_host.cpp) unless the engine takes it.
         runtime.install_eager()
+        native.add_internal_source_dir(os.path.dirname(os.path.abspath(__file__)) + os.sep)  # Note [Where an op was issued]
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)
         # The device's own kernels (one launch each way): Note [Custom kernels run whole] in custom_kernels.py.

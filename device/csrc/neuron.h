@@ -137,6 +137,15 @@ bool device_idle();  // every posted job has run
 // device executor]: a host thread's idle team slows every region of the executor's).
 void release_host_thread_team();
 
+// issue_site.cpp, Note [Where an op was issued]: the user's Python line that issues an op.
+struct IssueSite {
+  const void* code = nullptr;  // a PyCodeObject, kept for the process's life; null: none
+  int lasti = -1;
+};
+IssueSite issue_site();  // the calling thread's innermost frame outside the internal dirs
+std::string describe_issue_site(const IssueSite& site);  // "file:line in function", or ""
+void add_internal_source_dir(std::string dir);  // torch's, and each layer of this package
+
 // pinned_memory.cpp: the host allocator for pinned memory, and whether data lies in a block of it.
 c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);

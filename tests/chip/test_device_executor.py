@@ -84,6 +84,22 @@ def test_an_error_on_the_device_raises_at_the_next_sync_naming_the_op_and_later_
     torch.neuron.synchronize()  # raised once
 
 
+def test_a_posted_ops_error_names_the_users_line_that_issued_it_not_torchs():
+    # Note [Where an op was issued]: F.embedding's frame (torch/nn/functional.py) is skipped.
+    table = torch.arange(12.0, device="neuron").reshape(4, 3)
+    torch.nn.functional.embedding(torch.tensor([0, 3], device="neuron"), table)  # learns its plan
+    torch.neuron.synchronize()
+    bad = torch.tensor([0, 7], device="neuron")
+
+    def lookup(ids):
+        return torch.nn.functional.embedding(ids, table)  # the line the error names
+
+    lookup(bad)
+    line = lookup.__code__.co_firstlineno + 1
+    with pytest.raises(IndexError, match=rf"after it was issued at \S*test_device_executor\.py:{line} in lookup"):
+        torch.neuron.synchronize()
+
+
 def test_launch_blocking_raises_an_devices_error_at_the_call():
     out = run_json("""
         import torch, adaptive_eager

@@ -63,6 +63,7 @@ struct Entry {
 struct Launch {
   std::vector<Entry> entries;
   int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
+  IssueSite site;  // a posted eager op's: where its error says it was issued
   // Note [On-chip intermediates] (device/cost.py), decided at issue by plan_on_chip: the values
   // made in the launch that later ops read from SBUF, and those never written to HBM.
   std::unordered_set<const c10::StorageImpl*> resident;

@@ -526,8 +526,10 @@ void run_eager_launch(Launch& launch) {
     run_entry(launch, entry);
   } catch (c10::Error& e) {
     release_pending(entry);
-    e.add_context("(raised by " + c10::toString(entry.op.operator_name()) +
-                  " on the device, after it was issued: set NEURON_LAUNCH_BLOCKING=1 to raise it where it is issued)");
+    const std::string where = describe_issue_site(launch.site);
+    e.add_context("(raised by " + c10::toString(entry.op.operator_name()) + " on the device, after it was issued" +
+                  (where.empty() ? std::string() : " at " + where) +
+                  ": set NEURON_LAUNCH_BLOCKING=1 to raise it where it is issued)");
     // What reading a value it never made raises (raise_failure): its type and message.
     const char* type = dynamic_cast<c10::IndexError*>(&e) != nullptr ? "IndexError"
                        : dynamic_cast<c10::ValueError*>(&e) != nullptr ? "ValueError"
@@ -553,6 +555,7 @@ void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::share
 
 void post_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
   auto launch = std::make_shared<Launch>();
+  launch->site = issue_site();  // Note [Where an op was issued]
   const c10::DeviceIndex device = plan->device;
   enqueue_into(*launch, op, stack, std::move(plan), /*fused=*/false);
   issue_launch(device, 1);  // stats(wait=False) counts it from now, as a stream launch
