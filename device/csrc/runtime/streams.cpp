@@ -62,29 +62,25 @@ void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer,
 
 namespace {
 
-// Issues what upper layers hold back, without waiting for it to run.
-void issue_held(c10::DeviceIndex d) {
-  std::function<void(c10::DeviceIndex)> issuer;
+// Calls one of the two (read under the lock: Python may replace them), if set.
+void call_held(const std::function<void(c10::DeviceIndex)>& which, c10::DeviceIndex d) {
+  std::function<void(c10::DeviceIndex)> fn;
   {
     std::lock_guard<std::mutex> guard(g_sync_lock);
-    issuer = g_issuer;
+    fn = which;
   }
-  if (issuer) {
-    issuer(d);
+  if (fn) {
+    fn(d);
   }
 }
+
+// Issues what upper layers hold back, without waiting for it to run.
+void issue_held(c10::DeviceIndex d) { call_held(g_issuer, d); }
 
 }  // namespace
 
 void synchronize(c10::DeviceIndex d) {
-  std::function<void(c10::DeviceIndex)> synchronizer;
-  {
-    std::lock_guard<std::mutex> guard(g_sync_lock);
-    synchronizer = g_synchronizer;
-  }
-  if (synchronizer) {
-    synchronizer(d);
-  }
+  call_held(g_synchronizer, d);
   wait_for_device();  // the eager ops posted to the executor (Note [The device executor])
 }
 
