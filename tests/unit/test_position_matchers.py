@@ -173,3 +173,59 @@ def test_signature_difference_shows_the_device_index_and_cpu_scalar_dtype():
     assert signature_difference(signature(aten.mul.Tensor, x, torch.tensor(2.0)),
                                 signature(aten.mul.Tensor, x, torch.tensor(2.0, dtype=torch.float64))) == \
         "argument 1: expected cpu-scalar f32, got cpu-scalar f64"
+
+
+# -- the same positions' guards in C++ (Note [A position's guards in C++]) -----------------------
+# C++ checks the op's IValue stack; the Python matcher checks the call the route makes of that
+# stack (route.cpp's to_python_call: defaults left out, a Python number for a tensor made a
+# wrapped CPU scalar). native.route_call gives that call, so both see the same thing.
+# Calls whose shape only a default decides.
+DEFAULT_CASES = [
+    ("positional_at_default_is_left_out", lambda: (aten.leaky_relu.default, (neuron(4), 0.2), {}),
+     lambda: (aten.leaky_relu.default, (neuron(4), 0.01), {})),
+    ("positional_other_value_is_a_lifted_float", lambda: (aten.leaky_relu.default, (neuron(4), 0.2), {}),
+     lambda: (aten.leaky_relu.default, (neuron(4), 0.3), {})),
+    ("left_out_positional_given_at_default", lambda: (aten.leaky_relu.default, (neuron(4),), {}),
+     lambda: (aten.leaky_relu.default, (neuron(4), 0.01), {})),
+    ("left_out_positional_given_otherwise", lambda: (aten.leaky_relu.default, (neuron(4),), {}),
+     lambda: (aten.leaky_relu.default, (neuron(4), 0.3), {})),
+    ("keyword_only_at_default", lambda: (aten.gelu.default, (neuron(4),), {"approximate": "tanh"}),
+     lambda: (aten.gelu.default, (neuron(4),), {"approximate": "none"})),
+    ("keyword_only_same", lambda: (aten.gelu.default, (neuron(4),), {"approximate": "tanh"}),
+     lambda: (aten.gelu.default, (neuron(4),), {"approximate": "tanh"})),
+    ("python_number_for_a_tensor", lambda: (aten.add.Tensor, (neuron(4), 1), {}),
+     lambda: (aten.add.Tensor, (neuron(4), 2.5), {})),
+    ("python_number_for_a_cpu_scalar", lambda: (aten.mul.Tensor, (neuron(4), torch.tensor(3.0, dtype=torch.float64)), {}),
+     lambda: (aten.mul.Tensor, (neuron(4), 3.0), {})),
+    ("cpu_scalar_for_a_python_number", lambda: (aten.mul.Tensor, (neuron(4), 3.0), {}),
+     lambda: (aten.mul.Tensor, (neuron(4), torch.tensor(3.0, dtype=torch.float64)), {})),
+]
+GUARD_CASES = [c[:3] for c in CASES if c[0] != "int_for_bool"] + DEFAULT_CASES  # the route never makes an int a bool
+
+
+@pytest.mark.parametrize("recorded, other", [c[1:3] for c in GUARD_CASES], ids=[c[0] for c in GUARD_CASES])
+def test_cpp_guards_accept_exactly_the_route_calls_the_python_matcher_accepts(recorded, other):
+    from adaptive_eager.device import native
+    from adaptive_eager.engine.native_guards import compile_guards
+
+    func, args, kwargs = recorded()
+    route_args, route_kwargs = native.route_call(func, args, kwargs)
+    proto = proto_of(func, *route_args, **route_kwargs)
+    guards = compile_guards(proto)
+    assert guards.supported
+    assert guards.matches(func, args, kwargs)  # the recorded call itself
+    func2, args2, kwargs2 = other()
+    python = compile_matcher(proto)(*native.route_call(func2, args2, kwargs2), None) is True
+    assert guards.matches(func2, args2, kwargs2) is python
+
+
+def test_cpp_guards_refuse_another_op_and_an_unsupported_guard():
+    from adaptive_eager.device import native
+    from adaptive_eager.engine.native_guards import compile_guards
+
+    x = neuron(4)
+    guards = compile_guards(proto_of(aten.neg.default, x))
+    assert guards.matches(aten.neg.default, (neuron(4),), {})
+    assert not guards.matches(aten.abs.default, (neuron(4),), {})
+    opaque = native.PositionGuards(aten.neg.default, [(("unsupported",), False)])
+    assert not opaque.supported and not opaque.matches(aten.neg.default, (x,), {})

@@ -5,7 +5,9 @@
 // dispatch/executor.py).
 // Pure-CPU code never gets here: the route sits in the PrivateUse1 kernels only.
 #include "neuron.h"
+#include "engine/guards.h"
 
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -232,30 +234,8 @@ py::tuple offer(const py::object& func, const py::tuple& args, const py::dict& k
   if (!neuron::route_active()) {  // eager mode, or the launch running this kernel: no stack to build
     return py::make_tuple(false, py::none());
   }
-  static std::unordered_map<PyObject*, c10::OperatorHandle> handles;  // OpOverloads live forever
-  auto it = handles.find(func.ptr());
-  if (it == handles.end()) {
-    py::object schema = func.attr("_schema");
-    auto name = schema.attr("name").cast<std::string>();
-    auto overload = schema.attr("overload_name").cast<std::string>();
-    it = handles.emplace(func.ptr(), c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str())).first;
-  }
-  const c10::OperatorHandle& op = it->second;
-  const auto& arguments = op.schema().arguments();
-  torch::jit::Stack stack;
-  stack.reserve(arguments.size());
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const c10::Argument& arg = arguments[i];
-    py::str name(arg.name());
-    if (i < args.size()) {
-      stack.push_back(torch::jit::toIValue(args[i], arg.real_type()));
-    } else if (kwargs.contains(name)) {
-      stack.push_back(torch::jit::toIValue(kwargs[name], arg.real_type()));
-    } else {
-      TORCH_CHECK(arg.default_value().has_value(), op.schema().operator_name(), " is missing argument ", arg.name());
-      stack.push_back(*arg.default_value());
-    }
-  }
+  const c10::OperatorHandle& op = neuron::op_of(func);
+  torch::jit::Stack stack = neuron::stack_of(op, args, kwargs);
   if (!neuron::route_op(op, &stack)) {
     return py::make_tuple(false, py::none());
   }
@@ -381,6 +361,33 @@ void bind_route(py::module_& m) {
   m.def("producer_of", &producer_of, "(position, slot) of the recorded op that last wrote t, or None");
   m.def("forget_producers", []() { g_producers.clear(); });
   m.def("offer", &offer, "a Python kernel's call, offered to the route: (handled, result)");
+  // Note [A position's guards in C++] (guards.cpp)
+  py::class_<neuron::PositionGuards, std::shared_ptr<neuron::PositionGuards>>(m, "PositionGuards")
+      .def(py::init([](const py::object& func, const py::sequence& per_argument) {
+             auto guards = std::make_shared<neuron::PositionGuards>(neuron::PositionGuards{neuron::op_of(func), {}, true});
+             TORCH_CHECK(per_argument.size() == guards->op.schema().arguments().size(),
+                         "adaptive engine bug: ", per_argument.size(), " guards for ", guards->op.schema().operator_name(),
+                         "'s ", guards->op.schema().arguments().size(), " arguments");
+             for (const auto& item : per_argument) {
+               const auto pair = item.cast<py::tuple>();
+               neuron::ArgGuard arg{neuron::parse_guard(pair[0]), pair[1].cast<bool>()};
+               guards->supported = guards->supported && !neuron::has_unsupported(arg.guard);
+               guards->args.push_back(std::move(arg));
+             }
+             return guards;
+           }),
+           py::arg("func"), py::arg("per_argument"), "per schema argument: (guard, given where its default is left out)")
+      .def_readonly("supported", &neuron::PositionGuards::supported)
+      .def("matches", [](const neuron::PositionGuards& guards, const py::object& func, const py::tuple& args,
+                         const py::dict& kwargs) {
+             const c10::OperatorHandle& op = neuron::op_of(func);
+             return guards.matches(op, neuron::stack_of(op, args, kwargs));
+           }, "whether the call (func, args, kwargs) fits, checked on its IValue stack");
+  m.def("route_call", [](const py::object& func, const py::tuple& args, const py::dict& kwargs) {
+    const c10::OperatorHandle& op = neuron::op_of(func);
+    const torch::jit::Stack stack = neuron::stack_of(op, args, kwargs);
+    return to_python_call(op.schema(), stack.data());
+  }, "(args, kwargs) as the route hands this call to the engine (tests: the matchers' input)");
   m.def("set_host_sync", &set_host_sync, "fn(reason) runs before a host access while ops are queued");
   m.def("set_bypass", &neuron::set_bypass, "True: this thread's ops take the eager path; returns the previous value");
   m.def("run_queue", &neuron::run_queue, "run the queued ops as one launch; returns how many ran");
@@ -398,3 +405,57 @@ void bind_route(py::module_& m) {
   m.def("failed_index", &neuron::failed_index, "the queue entry whose op failed in the last run_queue");
   m.def("set_failure", &neuron::set_failure, py::arg("message"), py::arg("type"), py::arg("waiting"));
 }
+
+namespace neuron {
+
+const c10::OperatorHandle& op_of(const py::object& func) {
+  static std::unordered_map<PyObject*, c10::OperatorHandle> handles;  // OpOverloads live forever
+  auto it = handles.find(func.ptr());
+  if (it == handles.end()) {
+    py::object schema = func.attr("_schema");
+    auto name = schema.attr("name").cast<std::string>();
+    auto overload = schema.attr("overload_name").cast<std::string>();
+    it = handles.emplace(func.ptr(), c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str())).first;
+  }
+  return it->second;
+}
+
+namespace {
+
+// As torch's argument parser makes it: a Python number where the schema wants a tensor is a
+// CPU 0-dim tensor marked as a wrapped number (type promotion treats it as a number).
+c10::IValue to_ivalue(const py::handle& value, const c10::Argument& arg) {
+  c10::TypePtr type = arg.real_type();
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    type = type->containedType(0);
+  }
+  if (type->kind() == c10::TypeKind::TensorType &&
+      (PyBool_Check(value.ptr()) || PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr()) || PyComplex_Check(value.ptr()))) {
+    at::Tensor t = at::scalar_to_tensor(torch::jit::toIValue(value, c10::NumberType::get()).toScalar());
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+  return torch::jit::toIValue(value, arg.real_type());
+}
+
+}  // namespace
+
+torch::jit::Stack stack_of(const c10::OperatorHandle& op, const py::tuple& args, const py::dict& kwargs) {
+  const auto& arguments = op.schema().arguments();
+  torch::jit::Stack stack;
+  stack.reserve(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::Argument& arg = arguments[i];
+    py::str name(arg.name());
+    if (i < args.size() || kwargs.contains(name)) {
+      const py::object value = i < args.size() ? py::object(args[i]) : py::object(kwargs[name]);
+      stack.push_back(to_ivalue(value, arg));
+    } else {
+      TORCH_CHECK(arg.default_value().has_value(), op.schema().operator_name(), " is missing argument ", arg.name());
+      stack.push_back(*arg.default_value());
+    }
+  }
+  return stack;
+}
+
+}  // namespace neuron
