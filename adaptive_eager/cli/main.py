@@ -87,15 +87,18 @@ def _train(mode: str, args) -> PhaseResult:
             # wait=False: counting must not wait for the launch running beside the host
             step_marks.append(adaptive_eager.stats(wait=False).launches)
             if step == tail_start:
-                mark, mark_time = adaptive_eager.stats(wait=False), time.perf_counter()
+                # Waits for the device (not for what the engine holds back): the device runs
+                # beside the host, eager ops too, and its clock is charged as ops run, so a
+                # reading without the wait lags by however far the host has run ahead.
+                mark, mark_time = adaptive_eager.stats(), time.perf_counter()
             loss = torch.nn.functional.cross_entropy(model(x.to("neuron")), y.to("neuron"))
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-        # Counted before the final synchronize: the tail then starts and ends at the same
-        # point of the loop, so work still pending is the same at both ends.
-        end = adaptive_eager.stats(wait=False)
+        # Counted before the final synchronize, as the mark: the tail then starts and ends at
+        # the same point of the loop, so what the engine holds back is the same at both ends.
+        end = adaptive_eager.stats()
         torch.neuron.synchronize()
         wall_end = time.perf_counter()
         total = adaptive_eager.stats()
