@@ -176,6 +176,8 @@ SETTINGS: tuple[Setting, ...] = (
             "and runs as the fewest traces in a row", _integer(2, 262_144)),
     Setting("NEURON_GENERIC_TRACES", True, "`1`", _FLAG,
             "`0`: exact traces only, no shape-generic ones", _flag),
+    Setting("NEURON_NATIVE_MATCH", True, "`1`", _FLAG,
+            "`0`: a cached trace's ops are matched in Python only, not in C++ (Note [Armed matching])", _flag),
     # -- NKI --------------------------------------------------------------------------------
     Setting("ADAPTIVE_EAGER_NKI", False, "`0`", _FLAG,
             "`1`: `import nki` gives the emulator's NKI (as `adaptive_eager.nki.install()`)", _flag),

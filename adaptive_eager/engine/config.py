@@ -20,6 +20,8 @@ class EngineConfig:
     launch_blocking: bool = False  # NEURON_LAUNCH_BLOCKING=1: every op synchronous
     # Note [Shape-generic traces] (generic.py): NEURON_GENERIC_TRACES=0 caches exact traces only.
     generic_traces: bool = True
+    # Note [Armed matching] (device/csrc/engine/route.cpp): NEURON_NATIVE_MATCH=0 matches in Python only.
+    native_match: bool = True
 
     @property
     def max_period(self) -> int:
@@ -32,4 +34,5 @@ class EngineConfig:
                             repeats=settings.read("NEURON_TRACE_REPEATS", env),
                             max_trace_len=settings.read("NEURON_MAX_TRACE_LEN", env),
                             launch_blocking=settings.read("NEURON_LAUNCH_BLOCKING", env),
-                            generic_traces=settings.read("NEURON_GENERIC_TRACES", env))
+                            generic_traces=settings.read("NEURON_GENERIC_TRACES", env),
+                            native_match=settings.read("NEURON_NATIVE_MATCH", env))

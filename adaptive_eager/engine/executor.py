@@ -49,6 +49,7 @@ from adaptive_eager.dispatch.executor import RouteAnswer
 from adaptive_eager.engine.record import OpRecord, signature_difference, user_source_line
 
 from .matchers import compile_matcher
+from .native_guards import compile_guards
 from .config import EngineConfig
 from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
@@ -136,6 +137,43 @@ _HOST_ACCESS = _Barrier(("host access",), "host access")
 _SYNC_MARK = _Barrier(("torch.neuron.synchronize",), "synchronize")
 
 
+class _CatchingUpLock:
+    """The engine's lock (re-entrant). Entering it takes, first, what the route matched in C++
+    while armed (Note [Armed matching]): whatever the engine does next sees the match where
+    it really is."""
+
+    def __init__(self, engine):
+        self._lock = threading.RLock()
+        self._engine = engine
+
+    def __enter__(self):
+        self._lock.acquire()
+        try:
+            self._engine._catch_up()
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc_info):
+        self._lock.release()
+        return False
+
+
+def _guard_table(trace: Trace):
+    """The trace's positions for armed matching, or False if one of them cannot be matched
+    in C++ (an opaque argument, a plan its shape function makes at issue)."""
+    guards = []
+    for proto in trace.protos:
+        if proto.plan is None or proto.plan.is_from_meta:
+            return False
+        g = compile_guards(proto)
+        if not g.supported:
+            return False
+        guards.append(g)
+    return native.GuardTable(guards, [proto.plan for proto in trace.protos])
+
+
 class AdaptiveExecutor(Executor):
     """The engine: `route` is what the C++ route calls per op while adaptive mode is on."""
 
@@ -143,11 +181,13 @@ class AdaptiveExecutor(Executor):
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig.from_env()
-        self._lock = threading.RLock()
+        self._armed: Pending | None = None  # the match the route continues in C++
+        self._lock = _CatchingUpLock(self)
         self.reset()
 
     def reset(self) -> None:
         """Forget every trace and all history (what is pending is launched first)."""
+        self._catch_up()
         if getattr(self, "pending", None) is not None:
             self._flush("reset")
         if getattr(self, "inflight", None) is not None:
@@ -211,6 +251,7 @@ class AdaptiveExecutor(Executor):
     def _stop_matching(self) -> None:
         """No trace is matched (what was pending has launched, or runs at the next launch):
         back to RECORDING, or to BACKING_OFF if a backoff began meanwhile."""
+        self._catch_up()
         self.pending = None
         self.phase = Phase.BACKING_OFF if self._backoff else Phase.RECORDING
 
@@ -241,6 +282,39 @@ class AdaptiveExecutor(Executor):
 
     def detach(self) -> None:
         native.set_engine(None)
+        with self._lock:  # takes what armed matching queued, and disarms
+            pass
+
+    # -- Note [Armed matching] (device/csrc/engine/route.cpp) --------------------------------
+    def _catch_up(self) -> None:
+        """Take the positions the route matched in C++ since the engine armed it, and disarm
+        it. Absolute values, and cleared last: an interrupt midway leaves it to redo."""
+        p = self._armed
+        if p is None:
+            return
+        pos, position = native.disarm()
+        p.pos = pos
+        self.position = position
+        self._armed = None
+
+    def _arm(self) -> None:
+        """After the engine answered an op of a match: the route matches the trace's next
+        positions in C++, up to (not including) its last, whose completion is ours."""
+        p = self.pending
+        if (self._steady < self._pause_after or self.phase is not Phase.MATCHING or self._enter_at is not None
+                or self.config.launch_blocking or not self.config.native_match):
+            return
+        trace = p.trace
+        stop = len(trace.protos) - 1
+        if p.pos >= stop or p.done == p.pos or trace.generic:
+            return
+        table = trace.guard_table
+        if table is None:
+            table = trace.guard_table = _guard_table(trace)
+        if table is False or None in trace.sources[p.pos:stop]:
+            return
+        native.arm(table, p.pos, stop, self.position)
+        self._armed = p
 
     def drain(self) -> None:
         with self._lock:
@@ -299,6 +373,8 @@ class AdaptiveExecutor(Executor):
                     return self._sync_op(info, func, args, kwargs)
                 out = self._fast_paths(info, func, args, kwargs)
                 if out is not _NO_MATCH:
+                    if self.pending is not None:
+                        self._arm()
                     return out
                 if self.inflight is not None:  # what follows may run ops now or record them
                     self._drain()

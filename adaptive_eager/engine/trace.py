@@ -179,6 +179,9 @@ class Trace:
         # comparing them; nsyms sizes bound per match (Pending.syms).
         self.generic = False
         self.nsyms = 0
+        # Note [Armed matching] (device/csrc/engine/route.cpp): its positions' C++ guards and
+        # plans, built the first time it could be armed; False if some position cannot be.
+        self.guard_table = None
 
     def __len__(self):
         return len(self.protos)

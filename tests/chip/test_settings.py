@@ -30,6 +30,7 @@ BAD_VALUES = {
     "NEURON_TRACE_REPEATS": ["1", "abc", "2.5"],
     "NEURON_MAX_TRACE_LEN": ["99999999999999999999999", "1", "abc"],
     "NEURON_GENERIC_TRACES": ["abc", "yes", "-1"],
+    "NEURON_NATIVE_MATCH": ["abc", "yes", "-1"],
     "ADAPTIVE_EAGER_NKI": ["yes", "abc", "2"],
 }
 

@@ -174,6 +174,71 @@ Answer read_answer(py::object out) {
   return {AnswerKind::kResult, std::move(out), {}};
 }
 
+// Note [Armed matching]: while detection is paused and a cached trace is being matched, the
+// engine arms the route with the trace's next positions (their guards, Note [A position's
+// guards in C++], and plans): each op that fits the next one is queued here, with no Python
+// call, and the count moves on. The first op that does not fit, or the end of the armed
+// positions (the trace's last op, whose completion is Python's), disarms it and goes to the
+// engine, which first takes the count (disarm: absolute values, so taking it twice is
+// harmless) and then matches, diverges or completes as it always does.
+struct GuardTable {
+  std::vector<std::shared_ptr<const neuron::PositionGuards>> guards;  // per trace position
+  std::vector<std::shared_ptr<const neuron::DeferPlan>> plans;
+};
+
+struct Armed {
+  std::mutex lock;  // a leaf: taken under g_issue, or under the engine's lock with the GIL
+  std::shared_ptr<const GuardTable> table;
+  size_t pos = 0;  // the trace position the next op must fit
+  size_t stop = 0;  // armed for positions [pos, stop)
+  int64_t position = 0;  // the engine's stream position, moved with pos
+  int64_t matched = 0;  // ops queued here, all told
+  bool armed = false;
+};
+Armed& g_armed = *new Armed;  // leaked, as g_run_eager
+
+bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::unique_lock<std::mutex> guard(g_armed.lock);
+  if (!g_armed.armed) {
+    return false;
+  }
+  const size_t k = g_armed.pos;
+  const auto& guards = *g_armed.table->guards[k];
+  if (!guards.matches(op, *stack)) {
+    g_armed.armed = false;  // the engine looks at this op: a divergence, or a switch
+    return false;
+  }
+  std::shared_ptr<const neuron::DeferPlan> plan = g_armed.table->plans[k];
+  const size_t n = op.schema().arguments().size();
+  if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
+    // An output of the launch on the stream: as call_engine waits, without the GIL (a
+    // launch may need it).
+    if (PyGILState_Check()) {
+      py::gil_scoped_release released;
+      neuron::wait_for_stream();
+    } else {
+      neuron::wait_for_stream();
+    }
+  }
+  // Counted before it is queued, as the engine counts a position before the route queues
+  // it: an op that raises (out of memory) was counted, and the engine's issue_failed ends
+  // the match (Note [Interrupted issue]).
+  ++g_armed.pos;
+  ++g_armed.position;
+  ++g_armed.matched;
+  g_armed.armed = g_armed.pos < g_armed.stop;
+  try {
+    neuron::enqueue(op, stack, std::move(plan));
+  } catch (...) {
+    g_armed.armed = false;
+    guard.unlock();
+    py::gil_scoped_acquire gil;
+    tell_issue_failed("out of memory");
+    throw;
+  }
+  return true;
+}
+
 bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!Py_IsInitialized()) {
     return false;
@@ -292,6 +357,12 @@ void set_engine(py::object engine, py::object issue_failed) {
   g_issue_failed = new py::object(std::move(issue_failed));  // leaked, as the engine is
   auto* held = new py::object(std::move(engine));
   neuron::set_route([held](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    {
+      const IssueLock issuing;  // Note [One issuer at a time]
+      if (match_armed(op, stack)) {  // Note [Armed matching]
+        return true;
+      }
+    }
     return call_engine(*held, op, stack);
   });
 }
@@ -335,6 +406,7 @@ void bind_route(py::module_& m) {
       .def(py::init(&make_plan), py::arg("device"), py::arg("outputs"), py::arg("list_lengths"),
            "outputs: (sizes, strides, storage offset, dtype, storage nbytes) per new output, in return order; "
            "None for an undefined one")
+      .def_readonly("is_from_meta", &neuron::DeferPlan::from_meta, "its outputs come from the op's shape function at issue")
       .def_static("from_meta", [](int64_t device, std::optional<at::ScalarType> pointwise_dtype) {
         auto plan = std::make_shared<neuron::DeferPlan>();
         plan->device = neuron::checked_device(device);
@@ -383,6 +455,35 @@ void bind_route(py::module_& m) {
              const c10::OperatorHandle& op = neuron::op_of(func);
              return guards.matches(op, neuron::stack_of(op, args, kwargs));
            }, "whether the call (func, args, kwargs) fits, checked on its IValue stack");
+  py::class_<GuardTable, std::shared_ptr<GuardTable>>(m, "GuardTable")
+      .def(py::init([](std::vector<std::shared_ptr<neuron::PositionGuards>> guards,
+                       std::vector<std::shared_ptr<neuron::DeferPlan>> plans) {
+             TORCH_CHECK(guards.size() == plans.size(), "adaptive engine bug: ", guards.size(), " guards, ", plans.size(), " plans");
+             auto table = std::make_shared<GuardTable>();
+             table->guards.assign(guards.begin(), guards.end());
+             table->plans.assign(plans.begin(), plans.end());
+             return table;
+           }),
+           "a trace's positions for armed matching (Note [Armed matching])");
+  // Both without the GIL while they wait for the lock: its holder may be queueing an op on
+  // autograd's thread, and dropping a tensor there can take the GIL.
+  m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position) {
+    TORCH_CHECK(pos < stop && stop <= table->guards.size(), "adaptive engine bug: arming [", pos, ", ", stop, ")");
+    const std::lock_guard<std::mutex> guard(g_armed.lock);
+    g_armed.table = std::move(table);
+    g_armed.pos = pos;
+    g_armed.stop = stop;
+    g_armed.position = position;
+    g_armed.armed = true;
+  }, py::call_guard<py::gil_scoped_release>(),
+  "match positions [pos, stop) of the table in C++; position: the engine's stream position");
+  m.def("disarm", []() {
+    const std::lock_guard<std::mutex> guard(g_armed.lock);
+    g_armed.armed = false;
+    return std::make_pair(g_armed.pos, g_armed.position);
+  }, py::call_guard<py::gil_scoped_release>(),
+  "stop matching in C++: (trace position, stream position) reached, the same if called again");
+  m.def("armed_matches", []() { return g_armed.matched; }, "ops queued by armed matching, all told");
   m.def("route_call", [](const py::object& func, const py::tuple& args, const py::dict& kwargs) {
     const c10::OperatorHandle& op = neuron::op_of(func);
     const torch::jit::Stack stack = neuron::stack_of(op, args, kwargs);

@@ -1,0 +1,106 @@
+"""Armed matching (Note [Armed matching] in device/csrc/engine/route.cpp): once detection has
+paused, the route matches a cached trace's next ops in C++ and queues them with no Python
+call. The results must stay eager's bit for bit, a divergence must be found at the same op
+with the same explanation, and a host read mid-trace must see the ops issued before it."""
+import pytest
+import torch
+
+import adaptive_eager
+from adaptive_eager.device import native
+from adaptive_eager.mode import SWITCH
+
+OPS = 32
+STEPS = 80  # 2,560 ops: past the 1,024 in completed traces after which detection pauses
+
+
+@pytest.fixture(autouse=True)
+def _adaptive_mode():
+    previous = adaptive_eager.get_mode()
+    adaptive_eager.set_mode("adaptive")
+    yield
+    torch.neuron.synchronize()
+    adaptive_eager.set_mode(previous)
+
+
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def native_match(request):
+    config = SWITCH.adaptive.config
+    previous = config.native_match
+    config.native_match = request.param
+    yield request.param
+    config.native_match = previous
+
+
+def _chain(device="neuron"):
+    """OPS in-place adds on tensors of distinct sizes: one trace of OPS ops per step."""
+    xs = [torch.zeros(16 + i, device=device) for i in range(OPS)]
+    ones = [torch.ones(16 + i, device=device) for i in range(OPS)]
+    return xs, ones
+
+
+def _step(xs, ones, s):
+    for i in range(OPS):
+        xs[i].add_(ones[i], alpha=0.5 + 0.01 * s)  # a lifted float, new every step
+
+
+def test_a_steady_trace_is_matched_in_cpp_with_its_floats_bound_per_call():
+    xs, ones = _chain()
+    for s in range(STEPS):
+        _step(xs, ones, s)
+    before = native.armed_matches()
+    for s in range(STEPS, STEPS + 10):
+        _step(xs, ones, s)
+    assert native.armed_matches() - before == 10 * (OPS - 2)  # all but each trace's first and last
+    cpu, cpu_ones = _chain("cpu")
+    for s in range(STEPS + 10):
+        _step(cpu, cpu_ones, s)
+    assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
+
+
+def test_a_divergence_while_armed_is_found_at_the_same_op_and_explained_the_same(native_match):
+    xs, ones = _chain()
+    for s in range(STEPS):
+        _step(xs, ones, s)
+    for i in range(OPS):
+        if i == 17:
+            xs[i].mul_(ones[i])  # the op that differs
+        else:
+            xs[i].add_(ones[i], alpha=0.5)
+    torch.neuron.synchronize()
+    last = adaptive_eager.explain().recent_divergences[-1]
+    assert "expected aten.add_.Tensor, got aten.mul_.Tensor" in last
+    assert "test_native_matching.py" in last
+
+
+def test_a_host_read_mid_trace_sees_the_ops_issued_before_it(native_match):
+    xs, ones = _chain()
+    cpu, cpu_ones = _chain("cpu")
+    for s in range(STEPS):
+        _step(xs, ones, s)
+        _step(cpu, cpu_ones, s)
+    for i in range(OPS):
+        xs[i].add_(ones[i], alpha=0.25)
+        cpu[i].add_(cpu_ones[i], alpha=0.25)
+        if i == 12:
+            assert xs[5].sum().item() == cpu[5].sum().item()
+    assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
+
+
+def test_a_training_loop_with_backward_on_autograds_thread_keeps_eagers_bits(native_match):
+    def train(mode):
+        with adaptive_eager.mode(mode):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("neuron")
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+            x, y = torch.randn(8, 16).to("neuron"), torch.randint(0, 4, (8,)).to("neuron")
+            before = native.armed_matches()
+            for _ in range(90):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+            return [p.detach().cpu() for p in net.parameters()], native.armed_matches() - before
+
+    eager, _ = train("eager")
+    adaptive, armed = train("adaptive")
+    assert (armed > 0) is native_match
+    assert all(torch.equal(a, e) for a, e in zip(adaptive, eager))
