@@ -182,6 +182,7 @@ class AdaptiveExecutor(Executor):
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig.from_env()
         self._armed: Pending | None = None  # the match the route continues in C++
+        self._arm_generation = 0  # which arming _armed is (an interrupt may stop one before C++ got it)
         self._lock = _CatchingUpLock(self)
         self.reset()
 
@@ -292,9 +293,10 @@ class AdaptiveExecutor(Executor):
         p = self._armed
         if p is None:
             return
-        pos, position = native.disarm()
-        p.pos = pos
-        self.position = position
+        generation, pos, position = native.disarm()
+        if generation == self._arm_generation:  # else C++ never got this arming: nothing matched
+            p.pos = pos
+            self.position = position
         self._armed = None
 
     def _arm(self) -> None:
@@ -313,8 +315,11 @@ class AdaptiveExecutor(Executor):
             table = trace.guard_table = _guard_table(trace)
         if table is False or None in trace.sources[p.pos:stop]:
             return
-        native.arm(table, p.pos, stop, self.position)
+        # Known as armed before C++ is: an interrupt in between leaves a generation C++ never
+        # saw, whose catch-up changes nothing.
+        self._arm_generation += 1
         self._armed = p
+        native.arm(table, p.pos, stop, self.position, self._arm_generation)
 
     def drain(self) -> None:
         with self._lock:

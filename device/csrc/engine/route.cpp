@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 
 #include <mutex>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 
@@ -193,6 +194,7 @@ struct Armed {
   size_t stop = 0;  // armed for positions [pos, stop)
   int64_t position = 0;  // the engine's stream position, moved with pos
   int64_t matched = 0;  // ops queued here, all told
+  int64_t generation = -1;  // the engine's name for this arming: disarm tells it which it ends
   bool armed = false;
 };
 Armed& g_armed = *new Armed;  // leaked, as g_run_eager
@@ -467,22 +469,24 @@ void bind_route(py::module_& m) {
            "a trace's positions for armed matching (Note [Armed matching])");
   // Both without the GIL while they wait for the lock: its holder may be queueing an op on
   // autograd's thread, and dropping a tensor there can take the GIL.
-  m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position) {
+  m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation) {
     TORCH_CHECK(pos < stop && stop <= table->guards.size(), "adaptive engine bug: arming [", pos, ", ", stop, ")");
     const std::lock_guard<std::mutex> guard(g_armed.lock);
+    g_armed.generation = generation;
     g_armed.table = std::move(table);
     g_armed.pos = pos;
     g_armed.stop = stop;
     g_armed.position = position;
     g_armed.armed = true;
   }, py::call_guard<py::gil_scoped_release>(),
-  "match positions [pos, stop) of the table in C++; position: the engine's stream position");
+  "match positions [pos, stop) of the table in C++; position: the engine's stream position; "
+  "generation: the engine's name for this arming");
   m.def("disarm", []() {
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.armed = false;
-    return std::make_pair(g_armed.pos, g_armed.position);
+    return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position);
   }, py::call_guard<py::gil_scoped_release>(),
-  "stop matching in C++: (trace position, stream position) reached, the same if called again");
+  "stop matching in C++: (arming's generation, trace position, stream position), the same if called again");
   m.def("armed_matches", []() { return g_armed.matched; }, "ops queued by armed matching, all told");
   m.def("route_call", [](const py::object& func, const py::tuple& args, const py::dict& kwargs) {
     const c10::OperatorHandle& op = neuron::op_of(func);
