@@ -234,8 +234,10 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } catch (...) {
     g_armed.armed = false;
     guard.unlock();
-    py::gil_scoped_acquire gil;
-    tell_issue_failed("out of memory");
+    if (Py_IsInitialized()) {  // not at interpreter exit: no engine to tell
+      py::gil_scoped_acquire gil;
+      tell_issue_failed("out of memory");
+    }
     throw;
   }
   return true;
