@@ -44,6 +44,8 @@ def stats(device=None, *, wait: bool = True) -> Stats:
     engine = SWITCH.adaptive
     if wait:
         runtime.drain()
+    else:
+        engine.catch_up()
     if device is None:
         indices = range(runtime.device_count)
     else:

@@ -29,6 +29,9 @@ def set_enabled(use: bool) -> bool:
     sets the initial value."""
     global _enabled
     previous, _enabled = enabled(), bool(use)
+    from . import native  # the C++ core: imported once the stream is used, not with the settings
+
+    native.set_stream_allowed(_enabled)  # the route's armed rounds look at it (Note [Armed rounds])
     return previous
 
 

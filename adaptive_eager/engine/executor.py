@@ -191,7 +191,7 @@ class AdaptiveExecutor(Executor):
         self._catch_up()
         if getattr(self, "pending", None) is not None:
             self._flush("reset")
-        if getattr(self, "inflight", None) is not None:
+        if getattr(self, "inflight", None):
             self.drain()
         cfg = self.config
         self.cache = _TraceCache(cfg.cache_size)
@@ -211,8 +211,8 @@ class AdaptiveExecutor(Executor):
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
         self.phase = Phase.RECORDING  # Note [Engine phases]: changed by the transitions below only
         self.pending: Pending | None = None  # the match, while MATCHING
-        # The launch running on the device stream (Note [The device stream]), if any.
-        self.inflight: Pending | None = None
+        # The launches on the device stream, oldest first (Note [The device stream]).
+        self.inflight: collections.deque[Pending] = collections.deque()
         self.position = 0  # stream position of the next op
         self.counters = EngineCounters()
         self.recent_divergences: collections.deque = collections.deque(maxlen=_RECENT)
@@ -293,49 +293,100 @@ class AdaptiveExecutor(Executor):
         p = self._armed
         if p is None:
             return
-        generation, pos, position = native.disarm()
+        generation, pos, position, rounds, collected = native.disarm()
         if generation == self._arm_generation:  # else C++ never got this arming: nothing matched
-            p.pos = pos
-            self.position = position
+            if rounds:
+                self._take_rounds(p, pos, position, rounds, collected)
+            else:
+                p.pos = pos
+                self.position = position
         self._armed = None
+
+    def _take_rounds(self, p: Pending, pos: int, position: int, rounds: int, collected: int) -> None:
+        """Note [Armed rounds]: the route completed p's trace `rounds` times, each submitted to
+        the device stream as _launch does, collected `collected` outcomes (none failed), and
+        is at position `pos` of the next round: what _complete and _launch would have counted."""
+        trace = p.trace
+        n = len(trace)
+        for r in range(rounds):
+            done = p if r == 0 else Pending(trace, p.base + r * n)
+            done.pos = done.done = n
+            self._steady += n
+            trace.hits += 1
+            self.counters.trace_hits += 1
+            self.counters.fused_launches += 1
+            self.counters.fused_ops += n
+            self.counters.stream_launches += 1
+            self.inflight.append(done)
+        for _ in range(min(collected, len(self.inflight))):
+            self.inflight.popleft()
+        self.position = position
+        if pos == 0:  # between two rounds: no match under way
+            self.pending = None
+            self.phase = Phase.BACKING_OFF if self._backoff else Phase.RECORDING
+        else:
+            current = Pending(trace, p.base + rounds * n)
+            current.pos = pos
+            self._match(current)
 
     def _arm(self) -> None:
         """After the engine answered an op of a match: the route matches the trace's next
-        positions in C++, up to (not including) its last, whose completion is ours."""
+        positions in C++, up to (not including) its last, whose completion is ours; or, where
+        its launch would go to the device stream, through its last and on into its next rounds
+        (Note [Armed rounds])."""
         p = self.pending
         if (self._steady < self._pause_after or self.phase is not Phase.MATCHING or self._enter_at is not None
                 or self.config.launch_blocking or not self.config.native_match):
             return
         trace = p.trace
-        stop = len(trace.protos) - 1
-        if p.pos >= stop or p.done == p.pos or trace.generic:
+        if p.done == p.pos or trace.generic:
             return
         table = trace.guard_table
         if table is None:
             table = trace.guard_table = _guard_table(trace)
-        if table is False or None in trace.sources[p.pos:stop]:
+        if table is False:
+            return
+        # Note [Armed rounds]: the route completes the trace too, where _launch would submit it
+        # to the device stream, and goes on into its next rounds.
+        wrap = (p.done == 0 and stream.enabled() and _may_use_stream(trace) and not profiler_enabled()
+                and None not in trace.sources)
+        stop = len(trace.protos) - (0 if wrap else 1)
+        if p.pos >= stop or None in trace.sources[p.pos:stop]:
             return
         # Known as armed before C++ is: an interrupt in between leaves a generation C++ never
         # saw, whose catch-up changes nothing.
         self._arm_generation += 1
         self._armed = p
-        native.arm(table, p.pos, stop, self.position, self._arm_generation)
+        native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap)
 
     def drain(self) -> None:
         with self._lock:
             self._drain()
 
+    def catch_up(self) -> None:
+        """Count what the route matched and launched in C++ since it was armed (Note [Armed
+        rounds]): stats() reads the counters after this."""
+        with self._lock:  # entering it catches up
+            pass
+
     def _drain(self) -> None:
-        """Wait for the launch on the device stream; its error is raised at the next sync point."""
-        p = self.inflight
-        if p is None and not native.launch_in_flight():
-            return
-        self.inflight = None
+        """Wait for the launches on the device stream; an error is raised at the next sync point."""
+        while self.inflight or native.launch_in_flight():
+            self._collect_oldest()
+
+    def _collect_oldest(self) -> None:
+        # One may be on the stream that self.inflight does not know of: an interrupt right
+        # after its submit (the newest, so the deque's oldest is still C++'s oldest).
+        p = self.inflight.popleft() if self.inflight else None
         try:
             native.finish_launch()
         except Exception as exc:
-            self.error = exc if p is None else launch_error(p.trace, max(native.failed_index(), 0), exc)
+            error = exc if p is None else launch_error(p.trace, max(native.failed_index(), 0), exc)
+            if self.error is None:  # the first failure: a launch reading its values fails after it
+                self.error = error
             native.set_failure(str(self.error), type(self.error).__name__, True)
+        if not native.launch_in_flight():
+            self.inflight.clear()
 
     def synchronize(self, device_index) -> None:
         """An explicit sync ends the match, unlike a read: matching on after it would keep
@@ -381,7 +432,7 @@ class AdaptiveExecutor(Executor):
                     if self.pending is not None:
                         self._arm()
                     return out
-                if self.inflight is not None:  # what follows may run ops now or record them
+                if self.inflight:  # what follows may run ops now or record them
                     self._drain()
                 try:
                     rec = OpRecord.from_call(func, args, kwargs)
@@ -645,18 +696,19 @@ class AdaptiveExecutor(Executor):
 
     # -- launching ----------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
-        # One launch on the stream at a time: the stream is in order. (One may be in flight
-        # that self.inflight does not know of: an interrupt right after its submit.)
-        if self.inflight is not None or native.launch_in_flight():
-            self._drain()
         if p.done == 0 and p.complete and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
+            # Up to STREAM_DEPTH launches on the stream, which runs them in order.
+            while native.launches_in_flight() >= native.STREAM_DEPTH:
+                self._collect_oldest()
             if native.submit_queue():  # Note [The device stream] (csrc/engine/queue.cpp)
-                self.inflight = p
+                self.inflight.append(p)
                 p.done = p.pos
                 self.counters.fused_launches += 1
                 self.counters.fused_ops += len(p.trace)
                 self.counters.stream_launches += 1
             return
+        if self.inflight or native.launch_in_flight():
+            self._drain()
         start = p.done
         try:
             n = native.run_queue() if not profiler_enabled() else _run_queue_profiled(p)
@@ -722,7 +774,7 @@ class AdaptiveExecutor(Executor):
         return native.RUN_EAGER
 
     def _run_backing_off(self, info, args, kwargs):
-        if self.inflight is not None:
+        if self.inflight:
             self._drain()
         if self._backed_off():
             self.history.clear()

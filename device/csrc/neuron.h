@@ -393,16 +393,17 @@ int64_t queued_ops(c10::DeviceIndex device);
 int64_t run_queue();
 // Runs the queue on the device stream instead (Note [The device stream]); false if empty.
 bool submit_queue();
+// Launches the engine keeps on the device stream at once (Note [The device stream]).
+constexpr int64_t kStreamDepth = 2;
+int64_t launches_in_flight();  // submitted, their outcomes not yet collected
 bool launch_in_flight();
-bool launch_finished();  // the launch on the stream has ended (its host has not collected it yet)
-// Waits until the launch on the stream has run (its outcome stays for finish_launch). Never
-// with the GIL held: the stream's thread may free Python-owned storages, which takes it.
-void wait_for_stream();
-// Whether an argument on stack[first:] is an output of the launch in flight with no bytes yet.
-bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first);
-// Waits for the launch on the stream; returns how many ops ran, or raises the failing op's
-// error as run_queue does (failed_index() then says which). 0 if none is in flight.
+bool launch_finished();  // every launch on the stream has ended (its host has not collected them yet)
+// Waits for the oldest launch on the stream; returns how many ops ran, or raises the failing
+// op's error as run_queue does (failed_index() then says which). 0 if none is in flight.
 int64_t finish_launch();
+// Collects the oldest launch's outcome once it has ended, unless it failed (false: left for
+// finish_launch, whose caller names the error).
+bool collect_launch_if_ok();
 int64_t failed_index();
 // The failed launch's error, message and Python type name (what reading a value it never
 // computed raises), and whether it still waits to be raised (host accesses then sync).

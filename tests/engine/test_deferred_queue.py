@@ -84,3 +84,28 @@ def test_a_host_copy_into_bytes_a_queued_op_reads_waits_for_that_op():
 
     eager, adaptive = run("eager"), run("adaptive")
     assert torch.equal(eager[0], torch.full((4,), 2.0)) and all(torch.equal(x, y) for x, y in zip(eager, adaptive))
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_python_numbers_passed_as_tensors_keep_their_value_and_type_when_ops_share_them(mode):
+    # Note [Wrapped numbers are shared]: one queued tensor per (dtype, value) of a Python
+    # number. 2 and 2.0 differ by type (an int tensor + 2 stays int, + 2.0 becomes float),
+    # 0.0 and -0.0 by their bits, and a number seen again after many others (the table
+    # refills) is still itself.
+    def program(device):
+        i = torch.arange(6, device=device)
+        f = torch.linspace(-1, 1, 6, device=device)
+        out = []
+        for step in range(14):
+            out += [i + 2, i + 2.0, i * 3, f * -0.0, f * 0.0, f + 0.1, f.mul(2)]
+            for k in range(160):  # more distinct numbers than the table holds across the steps
+                f = f + (k * 1e-3 + step)
+            f = f / 1000
+            out.append(i.remainder(4))
+        return [t.cpu() for t in out]
+
+    adaptive_eager.set_mode(mode)
+    cpu, neuron = program("cpu"), program(NEURON)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())
+               for a, b in zip(cpu, neuron))
+    assert neuron[0].dtype == torch.int64 and neuron[1].dtype == torch.float32

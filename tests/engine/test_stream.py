@@ -199,7 +199,7 @@ def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
         opt.zero_grad()
         net(x).square().mean().backward()
         opt.step()
-    assert SWITCH.adaptive.inflight is not None  # the last step's launch, submitted just now
+    assert SWITCH.adaptive.inflight  # the last step's launch, submitted just now
     previous = sys.getswitchinterval()
     sys.setswitchinterval(600.0)
     try:
@@ -214,23 +214,25 @@ def test_a_stream_launch_runs_to_the_end_while_the_host_holds_the_gil():
 
 def test_a_step_that_reads_the_last_launchs_output_is_matched_without_waiting_for_it():
     # Token-by-token decoding: each step reads what the previous launch computes. The stream
-    # runs launches in order, so matching the next step need not wait for it.
-    from adaptive_eager.mode import SWITCH
-
+    # runs launches in order, so queueing the next step's ops need not wait for it (Note [A
+    # read of the launch in flight]). The launch is long (a 1024^3 matmul: tens of ms on any
+    # CPU) and the host queues one op after submitting it: the launch has not finished then,
+    # unless the host waited for it, as it did before.
     def run(mode, probe=None):
         adaptive_eager.set_mode(mode)
-        w = torch.full((64, 64), 0.01).to("neuron")
-        h = torch.ones(8, 64).to("neuron")
+        w = torch.full((1024, 1024), 1e-3).to("neuron")
+        h = torch.ones(1024, 1024).to("neuron")
         for i in range(2 * STEPS):
             y = h @ w  # reads the output of the launch that may still be running
             if probe is not None and i == 2 * STEPS - 1:
-                probe.append(SWITCH.adaptive.inflight)
+                probe.append((native.launch_in_flight(), native.launch_finished()))
             h = torch.tanh(y + 0.5) * 0.9
         return h.cpu()
 
     seen = []
     adaptive = run("adaptive", probe=seen)
-    assert seen[0] is not None  # still in flight after the next step's first op was matched
+    in_flight, finished = seen[0]
+    assert in_flight and not finished  # the step's first op was queued while its input was being made
     assert adaptive_eager.stats().divergences == 0
     assert torch.equal(adaptive, run("eager"))
 

@@ -32,14 +32,16 @@
 
 #include <pthread.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -55,9 +57,23 @@ int64_t run_launch(Launch& launch, int64_t* failed);
 // Note [The device stream]: a complete trace with only C++ kernels (no random ops, no Python
 // kernels: adaptive_eager/engine/executor.py decides) is posted to the device's executor (Note
 // [The device executor] in runtime/executor.cpp), and the host goes on issuing the next
-// trace's ops into the next queue. The engine has one such launch in flight at a time, and
-// collects its outcome (finish_launch) before the next one; eager ops it issues meanwhile
-// queue behind it on the executor.
+// trace's ops into the next queue. Up to kStreamDepth such launches are in flight; the host
+// collects their outcomes (finish_launch) oldest first, and eager ops it issues meanwhile
+// queue behind them on the executor. Two, not one: with one, the host that completed step
+// k's trace waited for step k-1's launch to end before submitting k, and the executor sat
+// idle between the two wake-ups (a chain of small adds ran at 3.1 us per op where the host
+// issued them at 2.3); with two, the executor goes from one launch to the next.
+//
+// Note [A read of the launch in flight]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The next trace's ops read the launch in flight's outputs (a decoded token, the step's
+// loss): captured as any output without bytes is, a pending read through the handoff (Note
+// [Values handed between jobs]), which the producer fills under the handoff's lock whether it
+// runs before or after the capture, and the executor runs launches in order. The host used to
+// wait for the launch before such a capture: every step then began only once the last had run
+// on the device, and a token of bench's decode cost host time plus device time (457 us per
+// token, eager 294); it overlaps now. A failed producer leaves the reader without bytes, and
+// the reader's launch fails at the next sync with the producer's error (raise_failure).
 struct Outcome {
   int64_t ran = 0;
   int64_t failed = -1;
@@ -67,25 +83,11 @@ struct Outcome {
 struct Worker {
   std::mutex lock;
   std::condition_variable changed;
-  bool finished = false;
-  Outcome outcome;
-  std::atomic<bool> busy{false};  // submitted and not yet collected by the host
-  // The storages the launch in flight makes: the host's own copy, fixed at submit (the
-  // executor never reads it), so the host waits only to capture one of them (reads_unmade_bytes).
-  std::unordered_set<const c10::StorageImpl*> making;
+  std::deque<Outcome> ended;  // outcomes of launches that ran and were not collected, oldest first
+  std::atomic<int64_t> in_flight{0};  // submitted and not yet collected by the host
 
   void submit(std::unique_ptr<Launch> launch) {
-    making.clear();
-    for (const Entry& e : launch->entries) {
-      for (const auto& out : e.outputs) {
-        making.insert(out._unsafe_get_target());
-      }
-    }
-    {
-      std::unique_lock<std::mutex> guard(lock);
-      finished = false;
-    }
-    busy.store(true);
+    in_flight.fetch_add(1);
     std::shared_ptr<Launch> job(std::move(launch));
     post_to_device([this, job]() mutable {
       Outcome result;
@@ -96,23 +98,35 @@ struct Worker {
       }
       job.reset();  // its inputs and kept values go now, on the executor
       std::unique_lock<std::mutex> guard(lock);
-      outcome = std::move(result);
-      finished = true;
+      ended.push_back(std::move(result));  // the executor runs jobs in order: so do these
       changed.notify_all();
     });
   }
 
-  void wait_finished() {
+  bool all_ended() {
     std::unique_lock<std::mutex> guard(lock);
-    changed.wait(guard, [this] { return finished; });
+    return static_cast<int64_t>(ended.size()) == in_flight.load();
   }
 
-  Outcome collect() {
-    wait_finished();
+  // Collects the oldest outcome, once it has ended, if it did not fail; false leaves it.
+  bool collect_oldest_if_ok() {
     std::unique_lock<std::mutex> guard(lock);
-    busy.store(false);
-    finished = false;
-    return std::move(outcome);
+    changed.wait(guard, [this] { return !ended.empty(); });
+    if (ended.front().error) {
+      return false;
+    }
+    ended.pop_front();
+    in_flight.fetch_sub(1);
+    return true;
+  }
+
+  Outcome collect_oldest() {
+    std::unique_lock<std::mutex> guard(lock);
+    changed.wait(guard, [this] { return !ended.empty(); });
+    Outcome outcome = std::move(ended.front());
+    ended.pop_front();
+    in_flight.fetch_sub(1);
+    return outcome;
   }
 };
 
@@ -153,6 +167,55 @@ at::Tensor on_storage(c10::Storage storage, c10::DispatchKeySet keys, caffe2::Ty
   return t;
 }
 
+// Note [Wrapped numbers are shared]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A Python number passed where an op takes a tensor (`x.add_(2)`, `pos.remainder_(32)`)
+// reaches us as a 0-dim CPU tensor the dispatcher wrapped. It is read at issue, as any CPU
+// argument, but neither the caller's tensor (it holds a Python object: dropping it on the
+// executor took the GIL there, once per op) nor a clone of it per op (an allocation and a free
+// on two threads per op: a third of the host's time on a chain of small adds, in malloc's
+// locks) will do. No kernel writes an input it did not declare written, so one tensor per
+// (dtype, value) serves every op that passes that number: a small table of them, refilled
+// from scratch when full (a queued op keeps the one it took).
+at::Tensor shared_wrapped_number(const at::Tensor& t) {
+  struct Key {
+    c10::ScalarType dtype;
+    std::array<uint8_t, 16> bytes;  // the widest scalar: complex<double>
+    bool operator==(const Key& o) const { return dtype == o.dtype && bytes == o.bytes; }
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      size_t h = static_cast<size_t>(k.dtype);
+      for (uint8_t b : k.bytes) {
+        h = h * 131 + b;
+      }
+      return h;
+    }
+  };
+  static std::mutex lock;
+  static auto& table = *new std::unordered_map<Key, at::Tensor, Hash>;  // leaked: used at exit
+  Key key{t.scalar_type(), {}};
+  const size_t size = t.element_size();
+  if (size > key.bytes.size() || !t.is_cpu() || t.dim() != 0) {
+    at::Tensor snapshot = t.clone();
+    snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return snapshot;
+  }
+  std::memcpy(key.bytes.data(), t.const_data_ptr(), size);
+  std::lock_guard<std::mutex> guard(lock);
+  auto found = table.find(key);
+  if (found != table.end()) {
+    return found->second;
+  }
+  if (table.size() >= 1024) {
+    table.clear();
+  }
+  at::Tensor snapshot = t.clone();
+  snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);  // type promotion reads it as a number
+  table.emplace(key, snapshot);
+  return snapshot;
+}
+
 // fused: the entry is an op of the engine's queue, whose launch's on-chip plan counts fresh
 // storages (Note [On-chip intermediates]); an eager launch has no such plan.
 IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t element, bool fused) {
@@ -185,12 +248,10 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
     if (written) {
       return v;
     }
-    at::Tensor snapshot = t.clone();  // Note [CPU scalar tensors]: read at issue
-    // A Python number the dispatcher wrapped: type promotion treats it as a number, not a tensor.
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // 0-dim only (a CPU index tensor is not)
-      snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return shared_wrapped_number(t);
     }
-    return snapshot;
+    return t.clone();  // Note [CPU scalar tensors]: read at issue
   }
   if (v.isList()) {
     return map_list(v, [&](const IValue& e, size_t i) {
@@ -575,7 +636,7 @@ int64_t queued_ops(c10::DeviceIndex device) {
 }
 
 int64_t run_queue() {
-  TORCH_CHECK(!g_worker->busy.load(), "internal error: run_queue with a launch on the device stream");
+  TORCH_CHECK(g_worker->in_flight.load() == 0, "internal error: run_queue with a launch on the device stream");
   g_failed_index = -1;
   Launch launch;
   std::swap(launch, g_queue);
@@ -597,13 +658,16 @@ int64_t run_queue() {
 }
 
 bool submit_queue() {
-  TORCH_CHECK(!g_worker->busy.load(), "internal error: a launch is already on the device stream");
+  TORCH_CHECK(g_worker->in_flight.load() < kStreamDepth, "internal error: ", kStreamDepth,
+              " launches are already on the device stream");
   g_failed_index = -1;
   if (g_queue.entries.empty()) {
     return false;
   }
   auto launch = std::make_unique<Launch>();
   std::swap(*launch, g_queue);
+  // The next launch is most often as long as this one: no regrowth of its entries as it fills.
+  g_queue.entries.reserve(launch->entries.size());
   update_held();
   launch->issued_ops = static_cast<int64_t>(launch->entries.size());
   forget_fresh();
@@ -613,55 +677,19 @@ bool submit_queue() {
   return true;
 }
 
-bool launch_in_flight() { return g_worker->busy.load(); }
+int64_t launches_in_flight() { return g_worker->in_flight.load(); }
 
-bool launch_finished() {
-  std::unique_lock<std::mutex> guard(g_worker->lock);
-  return g_worker->finished;
-}
+bool launch_in_flight() { return g_worker->in_flight.load() > 0; }
 
-void wait_for_stream() {
-  if (g_worker->busy.load()) {
-    g_worker->wait_finished();
-  }
-}
+bool launch_finished() { return g_worker->all_ended(); }
 
-namespace {
-// An output of the launch in flight, without bytes yet. Outputs of ops queued behind it
-// have none either, but the queue resolves those itself: waiting for them would end the
-// overlap at the second op of every trace. (A freed output's address reused by a new one
-// only makes the host wait for nothing.)
-bool made_in_flight(const IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    return t.defined() && t.device().type() == kNeuron && t.storage().data() == nullptr &&
-           t.storage().nbytes() > 0 && g_worker->making.count(t.storage().unsafeGetStorageImpl()) > 0;
-  }
-  if (v.isList()) {
-    for (const IValue& e : v.toListRef()) {
-      if (made_in_flight(e)) {
-        return true;
-      }
-    }
-  }
-  return false;
-}
-}  // namespace
-
-bool reads_unmade_bytes(const torch::jit::Stack& stack, size_t first) {
-  for (size_t i = first; i < stack.size(); ++i) {
-    if (made_in_flight(stack[i])) {
-      return true;
-    }
-  }
-  return false;
-}
+bool collect_launch_if_ok() { return g_worker->in_flight.load() == 0 || g_worker->collect_oldest_if_ok(); }
 
 int64_t finish_launch() {
-  if (!g_worker->busy.load()) {
+  if (g_worker->in_flight.load() == 0) {
     return 0;
   }
-  Outcome outcome = g_worker->collect();
+  Outcome outcome = g_worker->collect_oldest();
   if (outcome.error) {
     g_failed_index = outcome.failed;
     std::rethrow_exception(outcome.error);

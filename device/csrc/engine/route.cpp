@@ -12,6 +12,7 @@
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/extension.h>
 
 #include <mutex>
@@ -179,9 +180,22 @@ Answer read_answer(py::object out) {
 // engine arms the route with the trace's next positions (their guards, Note [A position's
 // guards in C++], and plans): each op that fits the next one is queued here, with no Python
 // call, and the count moves on. The first op that does not fit, or the end of the armed
-// positions (the trace's last op, whose completion is Python's), disarms it and goes to the
-// engine, which first takes the count (disarm: absolute values, so taking it twice is
-// harmless) and then matches, diverges or completes as it always does.
+// positions (the trace's last op, whose completion is Python's but in Note [Armed rounds]),
+// disarms it and goes to the engine, which first takes the count (disarm: absolute values,
+// so taking it twice is harmless) and then matches, diverges or completes as it always does.
+//
+// Note [Armed rounds]
+// ~~~~~~~~~~~~~~~~~~~
+// Armed with `wrap` (the trace's launches may use the device stream, and the engine has
+// launched nothing of this match yet), the route also matches the trace's last op and does
+// what the engine's completion does for such a launch: it makes room on the stream (collects
+// the oldest launch's outcome, waiting without the GIL), submits the queue as one launch,
+// and goes on at the trace's first position: a loop whose step is one cached trace runs
+// with no Python call at all. The engine takes the rounds at its next entry (disarm: how many
+// were submitted, how many outcomes collected) and counts them as completions. The route goes
+// back to the engine instead where the engine must decide: an outcome that failed (its error
+// names the trace's op: the engine collects it), the stream turned off, or a profiler on
+// (its launches are ranges the engine draws).
 struct GuardTable {
   std::vector<std::shared_ptr<const neuron::PositionGuards>> guards;  // per trace position
   std::vector<std::shared_ptr<const neuron::DeferPlan>> plans;
@@ -195,9 +209,32 @@ struct Armed {
   int64_t position = 0;  // the engine's stream position, moved with pos
   int64_t matched = 0;  // ops queued here, all told
   int64_t generation = -1;  // the engine's name for this arming: disarm tells it which it ends
+  bool wrap = false;  // Note [Armed rounds]: complete the trace here and go on from its start
+  int64_t rounds = 0;  // trace launches submitted here since armed
+  int64_t collected = 0;  // launch outcomes collected here since armed (all without errors)
   bool armed = false;
 };
 Armed& g_armed = *new Armed;  // leaked, as g_run_eager
+std::atomic<bool> g_stream_allowed{true};  // stream.set_enabled's setting: rounds only while true
+
+// Room for one more launch on the stream, for a round's completion: false where the engine
+// must look (the oldest outcome failed). Waits without the GIL (a launch may take it).
+bool make_room_on_stream() {
+  while (neuron::launches_in_flight() >= neuron::kStreamDepth) {
+    bool ok;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release released;
+      ok = neuron::collect_launch_if_ok();
+    } else {
+      ok = neuron::collect_launch_if_ok();
+    }
+    if (!ok) {
+      return false;
+    }
+    ++g_armed.collected;
+  }
+  return true;
+}
 
 bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::unique_lock<std::mutex> guard(g_armed.lock);
@@ -206,22 +243,20 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const size_t k = g_armed.pos;
   const auto& guards = *g_armed.table->guards[k];
+  const bool last = g_armed.wrap && k + 1 == g_armed.table->guards.size();
+  if (last && (!g_stream_allowed.load() || torch::autograd::profiler::profilerEnabled())) {
+    g_armed.armed = false;  // the engine completes it (Note [Armed rounds])
+    return false;
+  }
   if (!guards.matches(op, *stack)) {
     g_armed.armed = false;  // the engine looks at this op: a divergence, or a switch
     return false;
   }
-  std::shared_ptr<const neuron::DeferPlan> plan = g_armed.table->plans[k];
-  const size_t n = op.schema().arguments().size();
-  if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
-    // An output of the launch on the stream: as call_engine waits, without the GIL (a
-    // launch may need it).
-    if (PyGILState_Check()) {
-      py::gil_scoped_release released;
-      neuron::wait_for_stream();
-    } else {
-      neuron::wait_for_stream();
-    }
+  if (last && !make_room_on_stream()) {
+    g_armed.armed = false;
+    return false;
   }
+  std::shared_ptr<const neuron::DeferPlan> plan = g_armed.table->plans[k];
   // Counted before it is queued, as the engine counts a position before the route queues
   // it: an op that raises (out of memory) was counted, and the engine's issue_failed ends
   // the match (Note [Interrupted issue]).
@@ -231,6 +266,12 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   g_armed.armed = g_armed.pos < g_armed.stop;
   try {
     neuron::enqueue(op, stack, std::move(plan));
+    if (last) {  // Note [Armed rounds]: the engine's completion of a stream launch
+      neuron::submit_queue();
+      ++g_armed.rounds;
+      g_armed.pos = 0;
+      g_armed.armed = true;
+    }
   } catch (...) {
     g_armed.armed = false;
     guard.unlock();
@@ -278,11 +319,8 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
       return true;
     }
   }
-  if (neuron::launch_in_flight() && neuron::reads_unmade_bytes(*stack, stack->size() - n)) {
-    // An output of the launch on the stream, perhaps: capture it once that launch made it.
-    py::gil_scoped_release released;
-    neuron::wait_for_stream();
-  }
+  // An output of the launch on the stream with no bytes yet is captured as a pending read,
+  // as any queued value is (Note [A read of the launch in flight]): no wait here.
   try {
     neuron::enqueue(op, stack, std::move(plan));
   } catch (...) {
@@ -471,24 +509,32 @@ void bind_route(py::module_& m) {
            "a trace's positions for armed matching (Note [Armed matching])");
   // Both without the GIL while they wait for the lock: its holder may be queueing an op on
   // autograd's thread, and dropping a tensor there can take the GIL.
-  m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation) {
-    TORCH_CHECK(pos < stop && stop <= table->guards.size(), "adaptive engine bug: arming [", pos, ", ", stop, ")");
+  m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation,
+                  bool wrap) {
+    TORCH_CHECK(pos < stop && stop <= table->guards.size() && (!wrap || stop == table->guards.size()),
+                "adaptive engine bug: arming [", pos, ", ", stop, ")");
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.generation = generation;
     g_armed.table = std::move(table);
     g_armed.pos = pos;
     g_armed.stop = stop;
     g_armed.position = position;
+    g_armed.wrap = wrap;
+    g_armed.rounds = 0;
+    g_armed.collected = 0;
     g_armed.armed = true;
   }, py::call_guard<py::gil_scoped_release>(),
   "match positions [pos, stop) of the table in C++; position: the engine's stream position; "
-  "generation: the engine's name for this arming");
+  "generation: the engine's name for this arming; wrap: complete the trace and go on (Note [Armed rounds])");
   m.def("disarm", []() {
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.armed = false;
-    return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position);
+    return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position, g_armed.rounds, g_armed.collected);
   }, py::call_guard<py::gil_scoped_release>(),
-  "stop matching in C++: (arming's generation, trace position, stream position), the same if called again");
+  "stop matching in C++: (arming's generation, trace position, stream position, rounds submitted, outcomes "
+  "collected), the same if called again");
+  m.def("set_stream_allowed", [](bool allowed) { g_stream_allowed.store(allowed); },
+        "whether armed rounds may submit to the device stream (stream.set_enabled)");
   m.def("armed_matches", []() { return g_armed.matched; }, "ops queued by armed matching, all told");
   m.def("route_call", [](const py::object& func, const py::tuple& args, const py::dict& kwargs) {
     const c10::OperatorHandle& op = neuron::op_of(func);
@@ -506,6 +552,8 @@ void bind_route(py::module_& m) {
   m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
   m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
   m.def("launch_in_flight", &neuron::launch_in_flight);
+  m.def("launches_in_flight", &neuron::launches_in_flight);
+  m.attr("STREAM_DEPTH") = neuron::kStreamDepth;
   m.def("launch_finished", &neuron::launch_finished);
   m.def("finish_launch", &neuron::finish_launch, py::call_guard<py::gil_scoped_release>(),
         "wait for the launch on the stream; raises its op's error");
