@@ -308,18 +308,19 @@ class AdaptiveExecutor(Executor):
         is at position `pos` of the next round: what _complete and _launch would have counted."""
         trace = p.trace
         n = len(trace)
-        for r in range(rounds):
-            done = p if r == 0 else Pending(trace, p.base + r * n)
-            done.pos = done.done = n
-            self._steady += n
-            trace.hits += 1
-            self.counters.trace_hits += 1
-            self.counters.fused_launches += 1
-            self.counters.fused_ops += n
-            self.counters.stream_launches += 1
-            self.inflight.append(done)
-        for _ in range(min(collected, len(self.inflight))):
+        p.pos = p.done = n
+        self._steady += rounds * n
+        trace.hits += rounds
+        self.counters.trace_hits += rounds
+        self.counters.fused_launches += rounds
+        self.counters.fused_ops += rounds * n
+        self.counters.stream_launches += rounds
+        # The outcomes collected are the oldest: those the engine knew of, then these rounds.
+        known = min(collected, len(self.inflight))
+        for _ in range(known):
             self.inflight.popleft()
+        for r in range(collected - known, rounds):  # this match's rounds still on the stream
+            self.inflight.append(p if r == 0 else Pending(trace, p.base + r * n))
         self.position = position
         if pos == 0:  # between two rounds: no match under way
             self.pending = None

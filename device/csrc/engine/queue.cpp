@@ -37,6 +37,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -108,21 +109,14 @@ struct Worker {
     return static_cast<int64_t>(ended.size()) == in_flight.load();
   }
 
-  // Collects the oldest outcome, once it has ended, if it did not fail; false leaves it.
-  bool collect_oldest_if_ok() {
+  // Waits for the oldest launch to end and collects its outcome; with `unless_failed`, a
+  // failed one is left (nullopt) for the host that names its error.
+  std::optional<Outcome> collect_oldest(bool unless_failed = false) {
     std::unique_lock<std::mutex> guard(lock);
     changed.wait(guard, [this] { return !ended.empty(); });
-    if (ended.front().error) {
-      return false;
+    if (unless_failed && ended.front().error) {
+      return std::nullopt;
     }
-    ended.pop_front();
-    in_flight.fetch_sub(1);
-    return true;
-  }
-
-  Outcome collect_oldest() {
-    std::unique_lock<std::mutex> guard(lock);
-    changed.wait(guard, [this] { return !ended.empty(); });
     Outcome outcome = std::move(ended.front());
     ended.pop_front();
     in_flight.fetch_sub(1);
@@ -195,13 +189,7 @@ at::Tensor shared_wrapped_number(const at::Tensor& t) {
   static std::mutex lock;
   static auto& table = *new std::unordered_map<Key, at::Tensor, Hash>;  // leaked: used at exit
   Key key{t.scalar_type(), {}};
-  const size_t size = t.element_size();
-  if (size > key.bytes.size() || !t.is_cpu() || t.dim() != 0) {
-    at::Tensor snapshot = t.clone();
-    snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
-    return snapshot;
-  }
-  std::memcpy(key.bytes.data(), t.const_data_ptr(), size);
+  std::memcpy(key.bytes.data(), t.const_data_ptr(), t.element_size());  // a 0-dim CPU tensor
   std::lock_guard<std::mutex> guard(lock);
   auto found = table.find(key);
   if (found != table.end()) {
@@ -683,13 +671,15 @@ bool launch_in_flight() { return g_worker->in_flight.load() > 0; }
 
 bool launch_finished() { return g_worker->all_ended(); }
 
-bool collect_launch_if_ok() { return g_worker->in_flight.load() == 0 || g_worker->collect_oldest_if_ok(); }
+bool collect_launch_if_ok() {
+  return g_worker->in_flight.load() == 0 || g_worker->collect_oldest(/*unless_failed=*/true).has_value();
+}
 
 int64_t finish_launch() {
   if (g_worker->in_flight.load() == 0) {
     return 0;
   }
-  Outcome outcome = g_worker->collect_oldest();
+  Outcome outcome = *g_worker->collect_oldest();
   if (outcome.error) {
     g_failed_index = outcome.failed;
     std::rethrow_exception(outcome.error);

@@ -34,16 +34,21 @@ py::object* g_issue_failed = nullptr;  // the engine's: an op it deferred could 
 // answer, then the action and `after`) holds this lock; recursive, for the engine's own ops.
 std::recursive_mutex& g_issue = *new std::recursive_mutex;  // leaked, as g_run_eager
 
+// Runs wait() without the GIL if this thread holds it: what it waits for may need it.
+template <class Wait>
+auto without_gil(Wait wait) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release released;
+    return wait();
+  }
+  return wait();
+}
+
 struct IssueLock {
   std::unique_lock<std::recursive_mutex> held{g_issue, std::try_to_lock};
   IssueLock() {
-    if (!held.owns_lock()) {  // another thread issues: wait without the GIL, which it may need
-      if (PyGILState_Check()) {
-        py::gil_scoped_release released;
-        held.lock();
-      } else {
-        held.lock();
-      }
+    if (!held.owns_lock()) {  // another thread issues: wait for it
+      without_gil([this] { held.lock(); });
     }
   }
 };
@@ -221,14 +226,7 @@ std::atomic<bool> g_stream_allowed{true};  // stream.set_enabled's setting: roun
 // must look (the oldest outcome failed). Waits without the GIL (a launch may take it).
 bool make_room_on_stream() {
   while (neuron::launches_in_flight() >= neuron::kStreamDepth) {
-    bool ok;
-    if (PyGILState_Check()) {
-      py::gil_scoped_release released;
-      ok = neuron::collect_launch_if_ok();
-    } else {
-      ok = neuron::collect_launch_if_ok();
-    }
-    if (!ok) {
+    if (!without_gil(neuron::collect_launch_if_ok)) {
       return false;
     }
     ++g_armed.collected;
