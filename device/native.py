@@ -39,6 +39,7 @@ host_generator = _C.host_generator
 install_eager = _C.install_eager
 wait_for_device = _C.wait_for_device
 device_idle = _C.device_idle
+draws_random_numbers = _C.draws_random_numbers  # Note [Seeded ops that never draw]
 add_internal_source_dir = _C.add_internal_source_dir
 set_launch_blocking = _C.set_launch_blocking
 eager_issue_counts = _C.eager_issue_counts

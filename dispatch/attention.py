@@ -8,12 +8,17 @@ same model, different bits. The emulated device runs host kernels, so its SDPA p
 way the host does: a kernel on AutogradPrivateUse1 asks `_fused_sdp_choice` about CPU
 tensors with the inputs' metadata (the choice depends only on metadata, dropout and the
 `torch.nn.attention.sdpa_kernel` flags, read now: a deferred replay must not see later flags).
-It runs that choice as a one-launch kernel each way (builtin_kernels.py): `neuron::attention`
-and `neuron::attention_backward` without dropout, `neuron::attention_dropout` and its
-backward with dropout (the host's math path; the mask is drawn from the device generator
-where the decomposition would draw it). Both compute exactly what the host kernel and CPU
-autograd compute. Only a mask that needs a gradient keeps the C++ body's differentiable
-ATen ops (several launches), so autograd records the same backward as on CPU.
+It runs that choice as the host would run it:
+- flash: CPU's own ATen op `_scaled_dot_product_flash_attention_for_cpu` (its backward the ATen
+  op CPU autograd records), issued like any ATen op, so it runs on the device's executor; a
+  boolean mask first becomes 0 / -inf with one `where`, as CPU converts it. One launch each way
+  (two forward with a boolean mask), the bits CPU's by construction.
+- math: a one-launch kernel each way (builtin_kernels.py): `neuron::attention` and
+  `neuron::attention_backward` without dropout, `neuron::attention_dropout` and its backward
+  with dropout (the mask drawn from the device generator where the decomposition would draw
+  it), computing exactly what the host's math path and CPU autograd compute. Only a mask that
+  needs a gradient keeps the C++ body's differentiable ATen ops (several launches), so
+  autograd records the same backward as on CPU.
 
 Under `torch.inference_mode()` the autograd key is skipped: the same function is the op's
 PrivateUse1 kernel, not the C++ decomposition, whose PrivateUse1 choice stub would always
@@ -45,20 +50,33 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         choice = aten._fused_sdp_choice(
             _host_shadow(query), _host_shadow(key), _host_shadow(value), _host_shadow(attn_mask),
             dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if builtin_kernels.fused_attention_applies(attn_mask):
-        # One launch forward, one backward, computing what the chosen host kernel computes.
-        if dropout_p == 0.0:
-            return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                             choice == _FLASH)[0]
-        if choice != _FLASH:  # with dropout the host takes the math path
-            return builtin_kernels.attention_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                                     enable_gqa)[0]
     if choice == _FLASH:
-        mask = builtin_kernels.additive_mask(attn_mask, query.dtype)
+        # The host's flash kernel is an ATen op: issued as one, it runs on the device's executor
+        # like any other op (a custom kernel's Python body runs on the issuing thread, whose
+        # OpenMP team then fights the executor's for the cores: Note [The device executor] in
+        # device/csrc/runtime/executor.cpp), and autograd records its ATen backward, the one
+        # CPU autograd runs.
         return aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale)[0]
+            query, key, value, dropout_p, is_causal, attn_mask=_additive_mask(attn_mask, query.dtype),
+            scale=scale)[0]
+    if builtin_kernels.fused_attention_applies(attn_mask):
+        # The host's math path, one launch forward and one backward, computing what it computes.
+        if dropout_p == 0.0:
+            return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        return builtin_kernels.attention_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                 enable_gqa)[0]
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _additive_mask(attn_mask, dtype):
+    """As CPU's SDPA converts a boolean mask (True = attend) before its flash kernel: 0 / -inf in
+    the query's dtype, one `where` (both values are exact: any construction gives the same bits).
+    -inf is a CPU 0-dim tensor, a scalar to a neuron op as on CUDA; made per call, not cached:
+    under torch.compile's fake mode a real tensor would be refused."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.where(attn_mask, 0.0, torch.tensor(float("-inf"), dtype=dtype))
 
 
 def register(lib: torch.library.Library) -> None:

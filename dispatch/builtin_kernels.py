@@ -4,12 +4,10 @@ Both are built with `custom_kernel` (custom_kernels.py), as a user's kernel woul
 both compute exactly what the host computes for the same call, so results stay
 bit-identical to CPU:
 
-- `neuron::attention` runs `scaled_dot_product_attention` as one op, whichever kernel the
-  host picks (the choice is made when the op is issued and passed in, see attention.py):
-  the CPU flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, saving its
-  logsumexp for the backward) or the math path. `neuron::attention_backward` is the flash
-  kernel's own backward, or for the math path a recomputation under host autograd, which
-  runs the very backward ops CPU autograd would run. With dropout (the host's math path),
+- `neuron::attention` runs `scaled_dot_product_attention` as one op where the host takes
+  its math path (where it takes its flash kernel, neuron issues that ATen op: attention.py).
+  `neuron::attention_backward` is a recomputation under host autograd, which runs the very
+  backward ops CPU autograd would run. With dropout (always the host's math path),
   `neuron::attention_dropout` draws the mask from the device generator and its backward
   replays it from the generator state the forward started from.
 - `neuron::rms_norm` runs `aten::rms_norm`'s composite body on the host (CPU has no fused
@@ -88,7 +86,7 @@ def _score_flops(q: Tensor, k: Tensor) -> float:
     return 2.0 * q.numel() * k.shape[-2]
 
 
-def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, flash):
+def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa):
     mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
     out_bytes = q.numel() * v.shape[-1] // q.shape[-1] * v.element_size()
     return {"flops": 2 * _score_flops(q, k), "bytes": q.nbytes + k.nbytes + v.nbytes + mask_bytes + out_bytes}
@@ -96,52 +94,39 @@ def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, flash):
 
 @custom_kernel("neuron::attention", cost=_attention_cost, fake=True)
 def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, is_causal: bool,
-              scale: float | None, enable_gqa: bool, flash: bool) -> tuple[Tensor, Tensor]:
-    """SDPA without dropout, as the host's `flash` (else math) kernel computes it: (out, logsumexp);
-    logsumexp is empty for the math path."""
-    mask = additive_mask(attn_mask, query.dtype)
-    if flash:
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, is_causal, attn_mask=mask, scale=scale)
-        return out, lse
-    return _math(query, key, value, mask, is_causal, scale, enable_gqa), query.new_empty(0)
+              scale: float | None, enable_gqa: bool) -> Tensor:
+    """SDPA without dropout, as the host's math path computes it."""
+    return _math(query, key, value, additive_mask(attn_mask, query.dtype), is_causal, scale, enable_gqa)
 
 
-def _attention_backward_cost(grad, q, k, v, out, lse, attn_mask, is_causal, scale, enable_gqa, flash):
+def _attention_backward_cost(grad, q, k, v, attn_mask, is_causal, scale, enable_gqa):
     mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
     # recompute q @ k^T and p @ v's softmax, then dq, dk, dv, dp: five score-sized matmuls
-    return {"flops": 5 * _score_flops(q, k),
-            "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + out.nbytes + lse.nbytes + mask_bytes}
+    return {"flops": 5 * _score_flops(q, k), "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + mask_bytes}
 
 
 @custom_kernel("neuron::attention_backward", cost=_attention_backward_cost, fake=True)
-def attention_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor, logsumexp: Tensor,
-                       attn_mask: Tensor | None, is_causal: bool, scale: float | None, enable_gqa: bool,
-                       flash: bool) -> tuple[Tensor, Tensor, Tensor]:
+def attention_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
+                       is_causal: bool, scale: float | None, enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor]:
     mask = additive_mask(attn_mask, query.dtype)
-    if flash:
-        dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=mask, scale=scale)
-        return dq, dk, dv
     dq, dk, dv = _vjp(lambda q, k, v: _math(q, k, v, mask, is_causal, scale, enable_gqa),
                       (query, key, value), grad, (True, True, True))
     return dq, dk, dv
 
 
 def _attention_setup(ctx, inputs, output):
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, flash = inputs
-    ctx.save_for_backward(query, key, value, output[0], output[1], attn_mask)
-    ctx.flags = (is_causal, scale, enable_gqa, flash)
-    # logsumexp gets no gradient: do not let autograd launch a zeros() for it.
+    query, key, value, attn_mask, is_causal, scale, enable_gqa = inputs
+    ctx.save_for_backward(query, key, value, attn_mask)
+    ctx.flags = (is_causal, scale, enable_gqa)
     ctx.set_materialize_grads(False)
 
 
-def _attention_grad(ctx, grad_out, grad_lse):
+def _attention_grad(ctx, grad_out):
     if grad_out is None:  # the output took no part in the loss
-        return (None,) * 8
-    query, key, value, out, lse, attn_mask = ctx.saved_tensors
-    dq, dk, dv = attention_backward(grad_out, query, key, value, out, lse, attn_mask, *ctx.flags)
-    return dq, dk, dv, None, None, None, None, None
+        return (None,) * 7
+    query, key, value, attn_mask = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_out, query, key, value, attn_mask, *ctx.flags)
+    return dq, dk, dv, None, None, None, None
 
 
 attention.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -166,7 +151,7 @@ def _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
 
 
 def _attention_dropout_cost(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    return _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, False)
+    return _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
 
 def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

@@ -12,6 +12,8 @@ import dataclasses
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from ..device import native
+
 aten = torch.ops.aten
 
 # Ops whose result is a host value computed from device data: reading them is a sync point.
@@ -127,7 +129,8 @@ def _classify(op) -> OpInfo:
                 ref = alias_of[sets[0]]
         return_aliases.append(ref)
     tags = set(op.tags)
-    random = torch.Tag.nondeterministic_seeded in tags or any("Generator" in str(a.type) for a in schema.arguments)
+    random = native.draws_random_numbers(schema.name, torch.Tag.nondeterministic_seeded in tags,
+                                         any("Generator" in str(a.type) for a in schema.arguments))
     dev = next((a.name for a in schema.arguments if "Device" in str(a.type)), None)
     is_out = bool(written_kwargs)
     return OpInfo(

@@ -147,6 +147,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wait_for_device", &neuron::wait_for_device, py::call_guard<py::gil_scoped_release>(),
         "wait for every op posted to the device; raises the first error one met, once");
   m.def("device_idle", &neuron::device_idle, "every op posted to the device has run");
+  m.def("draws_random_numbers", &neuron::draws_random_numbers, py::arg("name"), py::arg("nondeterministic_seeded"),
+        py::arg("has_generator_argument"), "whether the op may draw random numbers on neuron (CPU's kernels)");
   m.def("add_internal_source_dir", &neuron::add_internal_source_dir,
         "a folder whose frames a posted op's error skips to name the user's line (Note [Where an op was issued])");
   m.def("set_launch_blocking", &neuron::set_launch_blocking, "True: every eager op runs while its issuer waits");

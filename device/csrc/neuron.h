@@ -157,6 +157,10 @@ at::Generator new_generator(c10::DeviceIndex d);
 // The CPU generator a kernel must be given for g (g itself when it is a CPU generator).
 at::Generator host_generator(const at::Generator& g);
 
+// aten/generator_lending.cpp: whether the op `name` (ns::op) with these tags may draw random
+// numbers on neuron, whose kernels are CPU's (Note [Seeded ops that never draw]).
+bool draws_random_numbers(const std::string& name, bool nondeterministic_seeded, bool has_generator_argument);
+
 // streams.cpp: streams and events on the device's one in-order queue (Note [One queue per device]).
 // The synchronizer runs what upper layers hold back for device d (-1: all), then waits for it.
 void set_synchronizer(std::function<void(c10::DeviceIndex)> synchronizer,

@@ -9,6 +9,22 @@
 #include <utility>
 
 namespace neuron {
+
+// Note [Seeded ops that never draw]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch tags an op nondeterministic_seeded when some backend's kernel may draw; the kernel
+// neuron runs is CPU's, and some CPU kernels never do. _scaled_dot_product_flash_attention_for_cpu
+// (every transformer's attention on neuron, as on CPU) takes a dropout_p its CPU kernel refuses
+// unless it is 0. Counted as random, it could never be posted (the host would wait for every
+// attention), would borrow the generator's state for nothing, and would keep a fused trace
+// off the device stream (Note [RNG order] in dispatch/rng.py).
+bool draws_random_numbers(const std::string& name, bool nondeterministic_seeded, bool has_generator_argument) {
+  if (has_generator_argument) {
+    return true;
+  }
+  return nondeterministic_seeded && name != "aten::_scaled_dot_product_flash_attention_for_cpu";
+}
+
 namespace eager_detail {
 
 bool is_optional_generator(const c10::Argument& a) {
@@ -42,7 +58,7 @@ std::unique_ptr<DefaultGeneratorLent> lend_generator(const c10::OperatorHandle& 
   if (generator_arg >= 0) {
     c10::IValue& g = (*stack)[first + generator_arg];
     g = c10::IValue(host_generator(g.isNone() ? default_generator(d) : g.toGenerator()));
-  } else if (op.hasTag(at::Tag::nondeterministic_seeded)) {
+  } else if (draws_random_numbers(op.operator_name().name, op.hasTag(at::Tag::nondeterministic_seeded), false)) {
     lent = std::make_unique<DefaultGeneratorLent>(host_generator(default_generator(d)));
   }
   return lent;

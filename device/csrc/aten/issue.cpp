@@ -54,7 +54,7 @@ constexpr size_t kPlansKept = 1 << 15;
 bool may_post(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const c10::OperatorName& name = op.operator_name();
   if (name.name.rfind("aten::", 0) != 0 || op.hasTag(at::Tag::data_dependent_output) ||
-      op.hasTag(at::Tag::nondeterministic_seeded)) {
+      draws_random_numbers(name.name, op.hasTag(at::Tag::nondeterministic_seeded), false)) {
     return false;
   }
   if (op.hasTag(at::Tag::dynamic_output_shape)) {

@@ -4,6 +4,7 @@
 #include "aten/eager_internal.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <mutex>
@@ -93,7 +94,8 @@ std::vector<int64_t> swap01(c10::IntArrayRef s) {  // torch's t(shape): channels
 // streams no value into them, as they read each operand once per output tile.
 const std::unordered_set<std::string> kTensorEngineOps = {
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_scaled_mm_v2",
-    "aten::_grouped_mm", "aten::_scaled_grouped_mm", "aten::convolution", "aten::convolution_backward"};
+    "aten::_grouped_mm", "aten::_scaled_grouped_mm", "aten::convolution", "aten::convolution_backward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
 
 }  // namespace
 
@@ -164,6 +166,18 @@ double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in
     }
     if (a.size() == 3 && b.size() == 2) {
       return 2.0 * a[1] * a[2] * b[1];
+    }
+  } else if (n == "aten::_scaled_dot_product_flash_attention_for_cpu" ||
+             n == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") {
+    // (query [..., L, E], key [..., S, E], value [..., S, Ev], ...), the backward's after its
+    // grad_out: q @ k^T and p @ v forward; the backward recomputes p, then dv, dp, dq, dk
+    const size_t q = n == "aten::_scaled_dot_product_flash_attention_for_cpu" ? 0 : 1;
+    const auto qd = dims(q), kd = dims(q + 1), vd = dims(q + 2);
+    if (qd.size() >= 2 && kd.size() >= 2 && vd.size() >= 2) {
+      const double rows = static_cast<double>(c10::multiply_integers(qd)) / qd.back();  // batch * heads * L
+      const double s = kd[kd.size() - 2];
+      const double score = 2.0 * rows * s * qd.back(), mix = 2.0 * rows * s * vd.back();
+      return q == 0 ? score + mix : 3.0 * score + 2.0 * mix;
     }
   } else if (n == "aten::convolution") {  // (input, weight, bias?): all neuron tensors
     return conv_flop_count(dims(0), dims(1), out_dims(0), conv.transposed);
