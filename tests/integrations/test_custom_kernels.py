@@ -263,6 +263,24 @@ def test_flash_attention_runs_on_the_devices_executor_not_the_issuing_thread(eag
     assert torch.equal(out.cpu(), expected)
 
 
+def test_a_trace_with_attention_goes_to_the_device_stream_and_draws_nothing():
+    """Note [Seeded ops that never draw]: the flash op is tagged nondeterministic_seeded but its
+    CPU kernel never draws; counted as random, every trace holding an attention would run its
+    launch on the issuing thread's wait instead of the device stream."""
+    g = torch.Generator().manual_seed(4)
+    q, w = torch.randn(1, 2, 6, 8, generator=g), torch.randn(8, 8, generator=g)
+    qn, wn = q.to("neuron"), w.to("neuron")
+    with adaptive_eager.mode("adaptive"):
+        state = torch.neuron.get_rng_state()
+        for _ in range(12):
+            out_n = F.scaled_dot_product_attention(qn @ wn, qn, qn, is_causal=True).relu()
+        got = out_n.cpu()
+        s = adaptive_eager.stats()
+    assert s.stream_launches >= 4, s
+    assert torch.equal(torch.neuron.get_rng_state(), state)
+    assert torch.equal(got, F.scaled_dot_product_attention(q @ w, q, q, is_causal=True).relu())
+
+
 def test_attention_forward_without_grad_is_one_launch(eager):
     qn, kn, vn = _to_neuron(t.detach() for t in _qkv())
     before = _launches()
