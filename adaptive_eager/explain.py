@@ -49,6 +49,9 @@ class Explanation:
     recent_divergences: tuple[str, ...]  # oldest first
     recent_flushes: tuple[str, ...]  # oldest first
     phase: str = ""  # the engine's phase (Note [Engine phases]), and whether detection is paused
+    # traces evicted for blocking a longer unit or diverging again and again (Note [A trace that
+    # keeps diverging retires]), oldest first
+    retired: tuple[TraceSummary, ...] = ()
 
     @property
     def fused_share(self) -> float:
@@ -74,6 +77,7 @@ def explain() -> Explanation:
             recent_divergences=tuple(engine.recent_divergences),
             recent_flushes=tuple(engine.recent_flushes),
             phase=engine.phase.value + (", detection paused" if engine.detection_paused else ""),
+            retired=tuple(_summary(t) for t in engine.recent_retired),
         )
 
 
@@ -111,6 +115,8 @@ def _render(e: Explanation) -> list[str]:
                                            if e.flushes else "none"))
     lines += _recent("recent divergences", e.recent_divergences)
     lines += _recent("recent flushes", e.recent_flushes)
+    lines += _recent("recently retired traces (they blocked a longer unit, or kept diverging)",
+                     tuple(str(t) for t in e.retired))
     return lines
 
 

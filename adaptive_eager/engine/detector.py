@@ -3,8 +3,8 @@
 Each op is one interned key. For every live candidate period p we keep the run length of
 positions t with key[t] == key[t - p]; candidates are seeded from the last K positions of
 the current key. When a run reaches (repeats - 1) * p, the last p ops have been seen
-`repeats` times in a row: the period fires (once). The cost per op is O(K + live periods),
-independent of how long the window is.
+`repeats` times in a row: the period fires (once; again only where the engine asks,
+fire_again). The cost per op is O(K + live periods), independent of how long the window is.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class PeriodDetector:
         self._base = 0  # stream position of _keys[0]
         self._last: dict[int, list[int]] = {}
         self._runs: dict[int, int] = {}
+        self._again: dict[int, int] = {}  # period -> the run length at which it fires again
 
     @property
     def position(self) -> int:
@@ -56,7 +57,10 @@ class PeriodDetector:
             del keys[:drop]
             self._base += drop
         need = self.repeats - 1
-        fired = [p for p, r in runs.items() if r == p * need and p >= self.min_len]
+        again = self._again
+        fired = [p for p, r in runs.items() if (r == p * need or again and again.get(p) == r) and p >= self.min_len]
+        for p in fired:
+            again.pop(p, None)
         if not fired:
             return None
         # The longest primitive period: p is not a new unit if its window is a shorter unit q
@@ -75,3 +79,11 @@ class PeriodDetector:
     def forget(self) -> None:
         """Drop every live run (after a disruption the stream must repeat afresh)."""
         self._runs = {}
+        self._again = {}
+
+    def fire_again(self, period: int, after: int) -> None:
+        """Fire `period` once more if its run goes on for `after` more ops: the engine could not
+        adopt it yet (Note [A trace that keeps diverging retires] in engine/executor.py)."""
+        run = self._runs.get(period)
+        if run is not None:
+            self._again[period] = run + after

@@ -64,6 +64,8 @@ _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
 _SHAPES_REPEATING = 16  # ops repeated by size-erased keys before new sizes stop counting as novelty
+_RETIRE_STRIKES = 8  # divergences in a row, no completion between, that retire a trace (Note [A trace that keeps diverging retires])
+_RETIRED_KEPT = 4096  # keys of retired traces remembered, so that detection does not adopt them again
 
 
 class EngineCounters:
@@ -208,6 +210,8 @@ class AdaptiveExecutor(Executor):
         # taken once they start at the stream's own cut (_plan_generic).
         self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
+        # Note [A trace that keeps diverging retires]: key -> (hits, divergences) when retired
+        self.retired: collections.OrderedDict = collections.OrderedDict()
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
         self.phase = Phase.RECORDING  # Note [Engine phases]: changed by the transitions below only
         self.pending: Pending | None = None  # the match, while MATCHING
@@ -217,6 +221,7 @@ class AdaptiveExecutor(Executor):
         self.counters = EngineCounters()
         self.recent_divergences: collections.deque = collections.deque(maxlen=_RECENT)
         self.recent_flushes: collections.deque = collections.deque(maxlen=_RECENT)
+        self.recent_retired: collections.deque[Trace] = collections.deque(maxlen=_RECENT)  # for explain()
         self.error: Exception | None = None
         self._warned = False
         # (trace, stream position): a just-adopted trace takes over when the stream gets there
@@ -311,6 +316,7 @@ class AdaptiveExecutor(Executor):
         p.pos = p.done = n
         self._steady += rounds * n
         trace.hits += rounds
+        trace.strikes = 0
         self.counters.trace_hits += rounds
         self.counters.fused_launches += rounds
         self.counters.fused_ops += rounds * n
@@ -645,6 +651,7 @@ class AdaptiveExecutor(Executor):
     def _complete(self, p: Pending) -> None:
         self._steady += len(p.trace)
         p.trace.hits += 1
+        p.trace.strikes = 0
         self.counters.trace_hits += 1
         self._launch(p)
         self._stop_matching()
@@ -677,6 +684,35 @@ class AdaptiveExecutor(Executor):
         self._flush("divergence")
         self._stop_matching()
         self._resume_detection()
+        p.trace.strikes += 1
+        if p.trace.strikes >= _RETIRE_STRIKES:
+            self._retire(p.trace)
+
+    def _retire(self, trace: Trace) -> None:
+        """Note [A trace that keeps diverging retires]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        A trace entered where it does not continue costs a launch of what it queued and a
+        divergence each time, and worse, can keep the step's own trace from ever being found.
+        Two signs retire one (evicted, its key remembered so that detection does not adopt it
+        again):
+        - it blocked a longer unit: a period fired whose window holds ops a shape-generic trace
+          matched and whose exact signature never ran eagerly, so the unit cannot be described
+          (_adopt). Qwen3's q/k norm (7 ops) was entered at every matmul of the step, so the
+          MLP's matmuls never ran eagerly, and its 349-op step ran as 101 launches. Once it
+          retires, those ops run eagerly and are recorded, and the period fires again two
+          periods later (PeriodDetector.fire_again), when it is adopted: one launch a step.
+        - it diverged _RETIRE_STRIKES times in a row with no completion between: a trace of an
+          earlier phase or model that the stream no longer follows. One that completes now and
+          then (a step's trace also entered at a copy of its first op inside the step; a
+          generate() call's trace diverging once, at its last token) never retires.
+        A new model or phase has other signatures, so other keys: it inherits nothing."""
+        self.cache.remove(trace)
+        self.retired[trace.key] = (trace.hits, trace.divergences)
+        if len(self.retired) > _RETIRED_KEPT:
+            self.retired.popitem(last=False)
+        self.recent_retired.append(trace)
+        if self._enter_at is not None and self._enter_at[0] is trace:
+            self._enter_at = None
 
     def _resume_detection(self) -> None:
         """The stream left the cached traces: look for repetition again, from here on."""
@@ -900,6 +936,17 @@ class AdaptiveExecutor(Executor):
             out.append(e)
         return out
 
+    def _undescribed_by(self, entries, period: int) -> list[Trace]:
+        """The cached generic traces shorter than `period` that matched ops of `entries` whose
+        exact signature never ran eagerly (what _exact_entries could not describe)."""
+        found = []
+        for e in entries:
+            if type(e[1]) is GenericSighting and self.protos.get(e[1].exact_signature()) is None:
+                trace = e[1].proto.trace
+                if len(trace) < period and trace not in found and trace.key in self.cache:
+                    found.append(trace)
+        return found
+
     def _plan_generic(self, period: int) -> None:
         """A period repeated by size-erased keys: its two sightings become a generic trace once
         the second one ends where a trace should: at a sync point when the step has one,
@@ -946,7 +993,7 @@ class AdaptiveExecutor(Executor):
                 trace = build_generic_trace(first[at:end], second[at:end])
                 if trace is None:
                     continue
-                if trace.key in self.cache:
+                if trace.key in self.cache or trace.key in self.retired:
                     continue
                 self.cache.add(trace)
                 self.counters.generic_traces += 1
@@ -962,7 +1009,17 @@ class AdaptiveExecutor(Executor):
         """The last `period` ops repeated: cache them as traces (split at sync points)."""
         recent = list(self.history)[-2 * period:]
         entries = self._exact_entries(recent)
-        if entries is None or len(entries) < 2 * period:
+        if entries is None:
+            # Note [A trace that keeps diverging retires]: shorter generic traces matched ops
+            # of this unit that never ran eagerly; they go, and the period, firing again, is taken.
+            blocking = self._undescribed_by(recent, period)
+            for trace in blocking:
+                self._retire(trace)
+            if blocking:
+                # Its ops now run eagerly: two periods from here the window is all described.
+                self.detector.fire_again(period, after=2 * period)
+            return
+        if len(entries) < 2 * period:
             return
         generic = {e[0] for e in recent if type(e[1]) is GenericSighting}
         window = entries[period:]
@@ -1006,8 +1063,8 @@ class AdaptiveExecutor(Executor):
         consecutive ones, of equal length. None if all are cached already."""
         starts = _equal_parts(len(seg), self.config.max_trace_len)
         traces = [build_trace(seg[i:i + starts.step]) for i in starts]
-        if all(t.key in self.cache for t in traces):
-            return None
+        if any(t.key in self.retired for t in traces) or all(t.key in self.cache for t in traces):
+            return None  # Note [A trace that keeps diverging retires]: not again
         for t in traces:
             if t.key not in self.cache:
                 self.cache.add(t)

@@ -170,6 +170,8 @@ class Trace:
         self.device = protos[0].device
         self.hits = 0  # completed matches
         self.divergences = 0
+        # Note [A trace that keeps diverging retires]: divergences not yet paid back by hits.
+        self.strikes = 0
         # Whether its launches may run on the device stream (engine._may_use_stream), once known.
         self.stream_ok: bool | None = None
         # The user's source line of each op, taken the first time the op is matched (one

@@ -158,3 +158,27 @@ def test_a_period_near_max_len_still_fires_after_the_window_was_trimmed():
     unit = list(range(2000, 2050))  # 50 new keys
     out = [detector.push(k) for k in unit * 2]
     assert out[-1] == 50 and out[:-1] == [None] * 99
+
+
+def test_a_period_asked_to_fire_again_fires_once_more_if_its_run_goes_on():
+    detector = PeriodDetector(min_len=2, max_len=16)
+    stream = keys("ABCD" * 6)
+    got = []
+    for i, k in enumerate(stream):
+        p = detector.push(k)
+        if p is not None:
+            got.append((i, p))
+            if len(got) == 1:
+                detector.fire_again(p, after=8)  # two more periods
+    assert got == [(7, 4), (15, 4)]
+
+
+def test_a_run_broken_before_it_fires_again_does_not():
+    detector = PeriodDetector(min_len=2, max_len=16)
+    got = []
+    for i, k in enumerate(keys("ABCD" * 2 + "ABXD" + "ABCD")):
+        p = detector.push(k)
+        if p is not None:
+            got.append((i, p))
+            detector.fire_again(p, after=8)
+    assert got == [(7, 4)]
