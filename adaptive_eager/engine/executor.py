@@ -65,6 +65,7 @@ _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
 _SHAPES_REPEATING = 16  # ops repeated by size-erased keys before new sizes stop counting as novelty
 _RETIRE_STRIKES = 8  # divergences in a row, no completion between, that retire a trace (Note [A trace that keeps diverging retires])
+_BLOCKER_DIVERGENCES = 4  # divergences before a trace that blocks a longer unit may retire
 _RETIRED_KEPT = 4096  # keys of retired traces remembered, so that detection does not adopt them again
 
 
@@ -111,8 +112,13 @@ class _TraceCache(cachetools.LRUCache):
         return key, trace
 
     def remove(self, trace: Trace) -> None:
-        if self.pop(trace.key, None) is not None:
-            self._unindex(trace)
+        """Evict trace's key. The cache may hold another Trace under it (adopted again after
+        trace was evicted, while a match still held trace): both leave the index, else the
+        one held would still be entered with no entry in the cache."""
+        held = self.pop(trace.key, None)
+        self._unindex(trace)
+        if held is not None and held is not trace:
+            self._unindex(held)
 
     def _unindex(self, trace: Trace) -> None:
         for index, k in ((self.by_start, trace.protos[0].signature), (self.by_first_op, trace.protos[0].info.op)):
@@ -697,10 +703,10 @@ class AdaptiveExecutor(Executor):
         again):
         - it blocked a longer unit: a period fired whose window holds ops a shape-generic trace
           matched and whose exact signature never ran eagerly, so the unit cannot be described
-          (_adopt). Qwen3's q/k norm (7 ops) was entered at every matmul of the step, so the
-          MLP's matmuls never ran eagerly, and its 349-op step ran as 101 launches. Once it
-          retires, those ops run eagerly and are recorded, and the period fires again two
-          periods later (PeriodDetector.fire_again), when it is adopted: one launch a step.
+          (_adopt), and it diverges once for every two completions or more (_blocking). Qwen3's q/k norm (7 ops) was entered at every matmul of the step, so the
+          MLP's matmuls never ran eagerly, and its 349-op step ran as 101 launches. The period
+          fires again two periods later (PeriodDetector.fire_again); once the blocker has
+          retired, those ops run eagerly and are recorded, and it is adopted: one launch a step.
         - it diverged _RETIRE_STRIKES times in a row with no completion between: a trace of an
           earlier phase or model that the stream no longer follows. One that completes now and
           then (a step's trace also entered at a copy of its first op inside the step; a
@@ -936,14 +942,20 @@ class AdaptiveExecutor(Executor):
             out.append(e)
         return out
 
-    def _undescribed_by(self, entries, period: int) -> list[Trace]:
+    def _blocking(self, entries, period: int) -> list[Trace]:
         """The cached generic traces shorter than `period` that matched ops of `entries` whose
-        exact signature never ran eagerly (what _exact_entries could not describe)."""
+        exact signature never ran eagerly (what _exact_entries could not describe), and that
+        diverge at least once for every two completions (and _BLOCKER_DIVERGENCES times at
+        least, so that a few early divergences decide nothing): entered where they do not continue.
+        (One that mostly completes, as a generate() call's per-token trace inside the call's
+        period, 3 hits to a divergence, is the unit that matters, not an obstacle.)"""
         found = []
         for e in entries:
             if type(e[1]) is GenericSighting and self.protos.get(e[1].exact_signature()) is None:
                 trace = e[1].proto.trace
-                if len(trace) < period and trace not in found and trace.key in self.cache:
+                if (len(trace) < period and trace.divergences >= _BLOCKER_DIVERGENCES
+                        and 2 * trace.divergences >= trace.hits and trace not in found
+                        and trace.key in self.cache):
                     found.append(trace)
         return found
 
@@ -1012,12 +1024,11 @@ class AdaptiveExecutor(Executor):
         if entries is None:
             # Note [A trace that keeps diverging retires]: shorter generic traces matched ops
             # of this unit that never ran eagerly; they go, and the period, firing again, is taken.
-            blocking = self._undescribed_by(recent, period)
-            for trace in blocking:
+            for trace in self._blocking(recent, period):
                 self._retire(trace)
-            if blocking:
-                # Its ops now run eagerly: two periods from here the window is all described.
-                self.detector.fire_again(period, after=2 * period)
+            # Look again two periods from here: the retired traces' ops will have run eagerly,
+            # and a blocker not yet sure to be one will have shown more of its record.
+            self.detector.fire_again(period, after=2 * period)
             return
         if len(entries) < 2 * period:
             return

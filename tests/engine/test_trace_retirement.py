@@ -18,15 +18,16 @@ def _normed(x, w):
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-def _qwen3_like_step(x, wq, wk, w1, w2):
+def _qwen3_like_step(x, wq, wk, w_gate, w_up, w_down):
     q, k = _normed(x, wq), _normed(x, wk)
-    h = torch.nn.functional.silu(x @ w1) @ w2  # matmuls the q/k unit starts alike
+    h = (torch.nn.functional.silu(x @ w_gate) * (x @ w_up)) @ w_down  # matmuls the q/k unit starts alike
     return (q.sum(-1) + k.sum(-1) + h.sum(-1)).tanh()
 
 
 def _run(mode, steps=STEPS):
     g = torch.Generator().manual_seed(0)
-    args = [torch.randn(*s, generator=g).to("neuron") for s in ((6, 8), (8, 8), (8, 4), (8, 16), (16, 8))]
+    shapes = ((6, 8), (8, 8), (8, 4), (8, 16), (8, 16), (16, 8))
+    args = [torch.randn(*s, generator=g).to("neuron") for s in shapes]
     outs, launches = [], []
     with adaptive_eager.mode(mode):
         adaptive_eager.reset_stats()
