@@ -157,3 +157,19 @@ def test_traces_of_the_same_ops_and_dataflow_share_a_key():
     # reading an outside tensor.
     outside = build_trace([(0, p["neg"], (None,)), (1, p["exp"], (None,))])
     assert outside.key != trace(p["neg"], p["exp"]).key
+
+
+def test_evicting_a_stale_trace_evicts_the_one_cached_under_its_key_from_the_indexes_too():
+    # A match held `old` when it was evicted; the same ops were adopted again as `new`; retiring
+    # `old` (its key: Note [A trace that keeps diverging retires]) must not leave `new` entered
+    # (indexed) with no place in the cache, to be entered and retired again and again.
+    p = protos()
+    cache = _TraceCache(8)
+    old, new = trace(p["neg"], p["exp"]), trace(p["neg"], p["exp"])
+    assert old.key == new.key and old is not new
+    cache.add(old)
+    cache.remove(old)
+    cache.add(new)
+    cache.remove(old)
+    assert new.key not in cache
+    assert indexed(cache, new) == ([], [])
