@@ -105,3 +105,30 @@ def test_generate_with_a_dynamic_cache_runs_at_most_two_launches_per_token(name,
     for launches in (launches_5, launches_7):
         # per_token()[k]: the launches between the logits of tokens k+1 and k+2
         assert max(launches[4:]) <= 2, launches
+
+
+def test_generate_right_after_training_in_the_same_process_settles_to_one_launch_per_token():
+    """Issue 36: a training step's per-layer traces keep matching decode layers and diverging
+    for a few tokens: Llama decoded unfused for about 11 tokens after training ([126, 126, 113,
+    ...] launches per token). Today it takes 3 tokens more than in a fresh process ([110, 110,
+    110, 89, 59, 52, 16, 1, ...] against [97, 59, 52, 16, 1, ...]): one launch per token from
+    the 9th (the issue asks the 8th), a bound that may only go down."""
+    from clients import train
+
+    def batch(g):
+        ids = torch.randint(0, VOCAB, (2, 12), generator=g)
+        return {"input_ids": ids, "labels": ids}
+
+    train("neuron", "adaptive", lambda: _model("llama").train(), batch, 8)
+    prompt = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
+    outs = []
+    for device, mode in (("cpu", "eager"), ("neuron", "adaptive")):
+        with adaptive_eager.mode(mode):
+            counter = _LaunchesPerToken()
+            tokens = _model("llama").to(device).generate(
+                prompt.to(device), max_new_tokens=24, do_sample=False, pad_token_id=0,
+                logits_processor=transformers.LogitsProcessorList([counter]))
+            outs.append((tokens.cpu(), counter.per_token()))
+    (cpu, _), (neuron, launches) = outs
+    assert torch.equal(neuron, cpu)
+    assert max(launches[7:]) <= 1, launches  # per_token()[7]: the 9th token's launches
