@@ -38,6 +38,7 @@ from .matchers import Source, _is_device_key, _is_tensor_key, define, emit_call_
 from .trace import Trace
 
 _INT = object()  # where an int was, in a size-erased key
+_EXACT_SIGNATURES_KEPT = 256  # per generic position: the sizes a loop keeps meeting
 
 
 def _erase_value(template, key, ints: list):
@@ -122,6 +123,7 @@ class GenericProto:
     name: str = ""
     matcher: object = None
     trace: object = None  # the trace it is a position of
+    exact_signatures: dict = dataclasses.field(default_factory=dict)  # ints -> GenericSighting.exact_signature
 
     def __post_init__(self):
         self.name = self.info.name
@@ -144,11 +146,20 @@ class GenericSighting:
 
     def exact_signature(self) -> tuple:
         """The exact signature this call had (OpRecord's), rebuilt from the erased one and
-        its ints: an exact trace may then be adopted over ops a generic one matched."""
-        func, erased_args, erased_kw = self.proto.erased[0]
-        ints = iter(self.ints)
-        return (func, tuple(_rebuild(a, ints) for a in erased_args),
-                tuple((name, _rebuild(k, ints)) for name, k in erased_kw))
+        its ints: an exact trace may then be adopted over ops a generic one matched. Kept
+        per position and ints: a decode loop meets the same sizes call after call, and the
+        detector keys every op a generic trace matches by it."""
+        known = self.proto.exact_signatures
+        found = known.get(self.ints)
+        if found is None:
+            func, erased_args, erased_kw = self.proto.erased[0]
+            ints = iter(self.ints)
+            found = (func, tuple(_rebuild(a, ints) for a in erased_args),
+                     tuple((name, _rebuild(k, ints)) for name, k in erased_kw))
+            if len(known) >= _EXACT_SIGNATURES_KEPT:
+                known.clear()
+            known[self.ints] = found
+        return found
 
     signature = property(lambda self: self.proto.signature)
     erased = property(lambda self: self.proto.erased)
