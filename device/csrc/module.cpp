@@ -7,6 +7,7 @@
 #include <memory>
 
 void bind_route(py::module_& m);  // route.cpp
+void bind_period_detector(py::module_& m);  // engine/period_detector.cpp
 
 namespace {
 
@@ -157,4 +158,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");
   // the adaptive engine's route and queue (Note [Deferred launches])
   bind_route(m);
+  bind_period_detector(m);
 }

@@ -124,7 +124,7 @@ def test_live_runs_stay_bounded_on_a_long_random_stream():
     most = 0
     for k in _random_stream(alphabet=4, n=20_000):
         detector.push(k)
-        most = max(most, len(detector._runs))
+        most = max(most, len(detector.live_runs()))
     assert most <= 4 * _K
 
 
@@ -133,9 +133,9 @@ def test_live_runs_of_a_periodic_stream_are_its_recent_multiples():
     most = 0
     for i in range(20_000):
         detector.push(i % 7)
-        most = max(most, len(detector._runs))
+        most = max(most, len(detector.live_runs()))
     assert most <= _K
-    assert sorted(detector._runs) == [7 * m for m in range(1, _K + 1)]
+    assert sorted(detector.live_runs()) == [7 * m for m in range(1, _K + 1)]
 
 
 def test_key_window_never_exceeds_two_repeats_of_the_longest_period():
@@ -144,8 +144,8 @@ def test_key_window_never_exceeds_two_repeats_of_the_longest_period():
         longest = 0
         for k in _random_stream(alphabet=3, n=5_000, seed=repeats):
             detector.push(k)
-            longest = max(longest, len(detector._keys))
-            assert all(len(positions) <= _K for positions in detector._last.values())
+            longest = max(longest, detector.kept_keys())
+            assert detector.most_recent_positions() <= _K
         assert repeats * 50 <= longest <= 2 * repeats * 50
 
 
