@@ -8,6 +8,7 @@ where neither the schema nor torch's tags can tell (see HOST_READ_OPS, RESIZING_
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch.utils.flop_counter import flop_registry
@@ -78,9 +79,49 @@ class OpInfo:
         return all(i is None or (isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8)
                                  and i.device.type != "cpu") for i in args[1])
 
+    def resizes_output(self, args, kwargs) -> bool:
+        """Whether this call may resize a tensor it writes (Note [An out= op that keeps its
+        output's shape]): True for resize_ and set_, for views changed in place, and for an
+        out= op unless its output already has the shape the op gives it (found by running it
+        on meta tensors)."""
+        if not self.may_resize:
+            return False
+        if not self.written_kwargs or self.op in RESIZING_OPS:
+            return True
+        return not _keeps_out_shape(self, args, kwargs)
+
     @property
     def mutates(self) -> bool:
         return bool(self.written_args or self.written_kwargs)
+
+
+def _keeps_out_shape(info: OpInfo, args, kwargs) -> bool:
+    """Note [An out= op that keeps its output's shape]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An out= op resizes its output when the result's shape differs, which changes the host's
+    tensor when the op runs: the adaptive engine runs such ops at once, as sync points. Most
+    calls write an output of the very shape already (SDPA's math path ends in `_safe_softmax`,
+    whose `where(..., out=)` writes the softmax's own result: 4 sync points a step of T5, 9
+    launches where 1 would do). Run on meta tensors, the call shows whether it would resize;
+    where it would not, it is an op like any other (written in place, as `add_` is). A call
+    whose meta run fails is taken as resizing (the old way: at once, its error at the call)."""
+    def to_meta(x):
+        if isinstance(x, torch.Tensor) and not (x.device.type == "cpu" and x.dim() == 0):
+            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    meta_args = [to_meta(a) for a in args]
+    meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
+    outs = [(kwargs.get(name), meta_kwargs.get(name)) for name in info.written_kwargs]
+    if any(not isinstance(real, torch.Tensor) for real, _ in outs):
+        return False  # an output left out, or a list of them: keep the old way
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "An output with one or more elements was resized"
+            info.op(*meta_args, **meta_kwargs)
+    except Exception:
+        return False
+    return all(meta.shape == real.shape and meta.stride() == real.stride() for real, meta in outs)
 
 
 _cache: dict[torch._ops.OpOverload, OpInfo] = {}

@@ -53,7 +53,7 @@ from .native_guards import compile_guards
 from .config import EngineConfig
 from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
-                      erased_signature, generic_difference)
+                      erased_signature, exact_proto, generic_difference)
 from .pending import Pending, launch_error
 from .phase import Phase
 from .trace import Trace, build_proto, build_trace, output_slots
@@ -437,8 +437,8 @@ class AdaptiveExecutor(Executor):
                     self._complete(p)  # an interrupt stopped its completion: Note [Interrupted issue]
                 if self.config.launch_blocking:
                     return native.RUN_EAGER
-                if info.is_host_read or info.may_resize or info.is_collective or (
-                        info.has_data_dependent_shape and not info.static_shape_for(args)):
+                if (info.is_host_read or info.is_collective or info.may_resize and info.resizes_output(args, kwargs)
+                        or info.has_data_dependent_shape and not info.static_shape_for(args)):
                     return self._sync_op(info, func, args, kwargs)
                 out = self._fast_paths(info, func, args, kwargs)
                 if out is not _NO_MATCH:
@@ -658,6 +658,8 @@ class AdaptiveExecutor(Executor):
         self._steady += len(p.trace)
         p.trace.hits += 1
         p.trace.strikes = 0
+        if p.trace.generic:
+            p.trace.note_sizes(p.syms)
         self.counters.trace_hits += 1
         self._launch(p)
         self._stop_matching()
@@ -928,16 +930,23 @@ class AdaptiveExecutor(Executor):
                 self.cache.remove(trace)
 
     def _exact_entries(self, entries):
-        """History entries with each op a generic trace matched as its exact proto (known
-        from its eager run), or None if one was never run eagerly with those sizes."""
+        """History entries of a period with each op a generic trace matched as its exact proto:
+        known from its eager run, or, if it never ran eagerly with those sizes and the generic
+        trace meets the same sizes again and again, made from the generic position (exact_proto:
+        Note [An exact proto from a generic position]). None where a generic trace whose sizes
+        keep changing matched an op never run eagerly: an exact trace of these sizes would be
+        entered at the next token of a decode loop and diverge where the cache has grown."""
         if not any(type(e[1]) is GenericSighting for e in entries):
             return entries
         out = []
         for e in entries:
             if type(e[1]) is GenericSighting:
-                proto = self.protos.get(e[1].exact_signature())
+                signature = e[1].exact_signature()
+                proto = self.protos.get(signature)
                 if proto is None:
-                    return None
+                    if not e[1].proto.trace.sizes_repeat:
+                        return None
+                    proto = exact_proto(e[1], signature)
                 e = (e[0], proto, e[2])
             out.append(e)
         return out
@@ -1151,7 +1160,10 @@ def _quietest_cut(entries, period: int) -> int:
             if prod is None:
                 continue
             distance = position - prod[0]
-            if 0 < distance < period and entries[prod[0] - base][1].out_specs[prod[1]][0] == "new":
+            if not 0 < distance < period:
+                continue
+            specs = entries[prod[0] - base][1].out_specs  # none known for an exact_proto: no cut counts it
+            if prod[1] < len(specs) and specs[prod[1]][0] == "new":
                 a = (prod[0] - base) % period
                 old = span.get(prod)
                 if old is None or old[1] < distance:

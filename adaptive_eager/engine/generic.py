@@ -35,7 +35,7 @@ from adaptive_eager.dispatch import OpInfo
 from adaptive_eager.engine.record import CPU_SCALAR, Slot, signature_difference
 
 from .matchers import Source, _is_device_key, _is_tensor_key, define, emit_call_checks
-from .trace import Trace
+from .trace import OpProto, Trace
 
 _INT = object()  # where an int was, in a size-erased key
 _EXACT_SIGNATURES_KEPT = 256  # per generic position: the sizes a loop keeps meeting
@@ -165,6 +165,24 @@ class GenericSighting:
     erased = property(lambda self: self.proto.erased)
     device = property(lambda self: self.proto.device)
     name = property(lambda self: self.proto.name)
+
+
+def exact_proto(sighting: GenericSighting, signature: tuple) -> OpProto:
+    """Note [An exact proto from a generic position]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An exact trace is built from the protos of ops that ran eagerly; an op a generic trace
+    matched has one only if it once ran eagerly with the same sizes. A generic trace that
+    matches ops of a longer unit from the start (Qwen3's q/k norm entered at the MLP's
+    matmuls; the per-layer backward of a DDP step) then kept the unit from ever being
+    adopted. The position describes the op as well: its templates (the arguments' structure,
+    checked against the exact signature by the exact matcher) and its plan, fixed where its
+    sizes never change (then the exact signature's own) or its shape function's at issue.
+    What it does not know is the outputs' geometry (out_specs), which only an eager run shows:
+    so it is not interned in the engine's protos (an eager run of the signature describes it
+    then), and no cut counts values it produced (_quietest_cut). A trace holding one is not
+    armed in C++ while its plan comes from the shape function (_guard_table)."""
+    proto = sighting.proto
+    return OpProto(proto.info, signature, proto.args_t, proto.kwargs_t, (), proto.device, False, plan=proto.plan)
 
 
 def _described(entry) -> tuple:

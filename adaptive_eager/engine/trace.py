@@ -11,6 +11,7 @@ op that returns nothing (`_foreach_add_`) has its written tensors as outputs ins
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 
@@ -70,6 +71,7 @@ def output_slots(info: OpInfo, result, args, kwargs) -> list:
     return flat
 
 
+_SIZES_KEPT = 8  # a generic trace's last completions' sizes, to tell recurring sizes from growing ones
 _UNDEFINED = ("undefined",)  # an output that is None: in the plan, not among the output slots
 
 
@@ -181,12 +183,24 @@ class Trace:
         # comparing them; nsyms sizes bound per match (Pending.syms).
         self.generic = False
         self.nsyms = 0
+        # A generic trace's sizes at its last completions, and whether a completion met sizes
+        # one of those had: per-head or per-layer sizes that recur each step (Note [An exact
+        # proto from a generic position]), not a decode loop's cache that grows every token.
+        self.recent_sizes: collections.deque = collections.deque(maxlen=_SIZES_KEPT)
+        self.sizes_repeat = False
         # Note [Armed matching] (device/csrc/engine/route.cpp): its positions' C++ guards and
         # plans, built the first time it could be armed; False if some position cannot be.
         self.guard_table = None
 
     def __len__(self):
         return len(self.protos)
+
+    def note_sizes(self, syms) -> None:
+        """A generic trace's completion with these symbol values."""
+        sizes = tuple(syms)
+        if sizes in self.recent_sizes:
+            self.sizes_repeat = True
+        self.recent_sizes.append(sizes)
 
     def describe(self) -> str:
         first, last = self.protos[0].name, self.protos[-1].name

@@ -551,3 +551,24 @@ def test_out_ops_give_eagers_values_and_sizes_whether_they_resize_their_outs_or_
     got = _out_steps("adaptive", make)
     assert [x.shape for x in got] == [torch.Size([8, 16])] * len(got)
     assert all(torch.equal(x, y) for x, y in zip(got, expected))
+
+
+def _out_ops_step(out, grow: bool):
+    x = torch.arange(12.0, device="neuron").reshape(3, 4)
+    cond = x > 5
+    y = torch.where(cond, x, -x, out=out if not grow else torch.empty(0, device="neuron"))
+    return (y * 2).sum(0)
+
+
+def test_an_out_op_that_keeps_its_outputs_shape_is_no_sync_point_and_one_that_resizes_still_is():
+    """Note [An out= op that keeps its output's shape] (dispatch/classify.py): an out= op whose
+    output has the result's shape already is deferred into the step's trace like an in-place
+    op; one that resizes its output runs at once, as before (its host tensor changes)."""
+    out = torch.empty(3, 4, device="neuron")
+    expected = [_out_ops_step(out, grow).cpu() for grow in (False, True)]
+    for grow in (False, True):
+        adaptive_eager.reset_stats()
+        got = [_out_ops_step(out, grow) for _ in range(STEPS)]
+        assert all(torch.equal(g.cpu(), expected[grow]) for g in got)
+        flushes = adaptive_eager.stats().flushes
+        assert (sum(flushes.values()) > 0) == grow, (grow, flushes)

@@ -84,3 +84,29 @@ def test_a_trace_that_diverges_again_and_again_retires_and_is_not_entered_any_mo
     retired = [t for t in report.retired if t.id in phase_a]
     assert retired and not phase_a & {t.id for t in report.traces}, report
     assert retired[0].divergences == 8  # then it is entered no more
+
+
+def _layers_step(x, weights):
+    """Layers of different widths, each the same ops: one shape-generic unit whose sizes
+    recur every step (as the per-layer backward of a DDP step), then a tail."""
+    outs = [torch.relu(x @ w).mul(3).add(1).sum(0) for w in weights]
+    return torch.cat(outs).tanh().mul(2).add(1)
+
+
+def test_a_step_whose_ops_a_generic_trace_matched_from_the_start_is_still_adopted_whole():
+    """Note [An exact proto from a generic position]: the generic unit is adopted inside the
+    first step, so its later layers never run eagerly; describing them from the generic
+    position lets the step be adopted (it never was: one launch per layer, for ever)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 8, generator=g).to("neuron")
+    weights = [torch.randn(8, n, generator=g).to("neuron") for n in (3, 5, 7, 9)]
+    expected = _layers_step(x.cpu(), [w.cpu() for w in weights])
+    with adaptive_eager.mode("adaptive"):
+        launches = []
+        for _ in range(STEPS):
+            before = adaptive_eager.stats(wait=False).launches
+            out = _layers_step(x, weights)
+            launches.append(adaptive_eager.stats(wait=False).launches - before)
+        got = out.cpu()
+    assert torch.equal(got, expected)
+    assert launches[-4:] == [1, 1, 1, 1], launches
