@@ -88,11 +88,42 @@ class OpInfo:
             return False
         if not self.written_kwargs or self.op in RESIZING_OPS:
             return True
-        return not _keeps_out_shape(self, args, kwargs)
+        try:
+            key = (self.op, _geometry(args, self.sized_by_scalars), _geometry(kwargs, self.sized_by_scalars))
+            hash(key)
+        except TypeError:  # an argument with no geometry to key by: look every time
+            return not _keeps_out_shape(self, args, kwargs)
+        keeps = _KEEPS_OUT_SHAPE.get(key)
+        if keeps is None:
+            if len(_KEEPS_OUT_SHAPE) >= _KEEPS_OUT_SHAPE_KEPT:
+                _KEEPS_OUT_SHAPE.clear()
+            keeps = _KEEPS_OUT_SHAPE[key] = _keeps_out_shape(self, args, kwargs)
+        return not keeps
 
     @property
     def mutates(self) -> bool:
         return bool(self.written_args or self.written_kwargs)
+
+
+# Whether an out= call keeps its output's shape, by the call's geometry: the meta run it takes
+# to know costs ~80 us, and a training step makes the same calls every step (DDP: 11).
+_KEEPS_OUT_SHAPE: dict = {}
+_KEEPS_OUT_SHAPE_KEPT = 4096
+
+
+def _geometry(x, floats_by_value: bool):
+    """What decides an op's output shapes in an argument: a tensor's geometry, dtype and device
+    type; a float's type only (its value decides none, but for arange and range); any other
+    value itself."""
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device.type)
+    if isinstance(x, (list, tuple)):
+        return tuple(_geometry(v, floats_by_value) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _geometry(v, floats_by_value)) for k, v in x.items())
+    if type(x) is float and not floats_by_value:
+        return float
+    return x
 
 
 def _keeps_out_shape(info: OpInfo, args, kwargs) -> bool:

@@ -572,3 +572,19 @@ def test_an_out_op_that_keeps_its_outputs_shape_is_no_sync_point_and_one_that_re
         assert all(torch.equal(g.cpu(), expected[grow]) for g in got)
         flushes = adaptive_eager.stats().flushes
         assert (sum(flushes.values()) > 0) == grow, (grow, flushes)
+
+
+def test_whether_an_out_op_resizes_is_answered_per_geometry_of_its_call():
+    """Note [An out= op that keeps its output's shape]: the answer is kept by the call's
+    geometry (its meta run costs ~80 us); a call whose output has another shape, or whose
+    inputs broadcast to another, gets its own answer."""
+    from adaptive_eager.dispatch import classify
+
+    info = classify(torch.ops.aten.mul.out)
+    x = torch.randn(3, 4).to("neuron")
+    fits, empty = torch.empty(3, 4).to("neuron"), torch.empty(0).to("neuron")
+    assert not info.resizes_output((x, 2.0), {"out": fits})
+    assert info.resizes_output((x, 2.0), {"out": empty})
+    assert not info.resizes_output((x, 3.0), {"out": fits})  # another float: the same shapes
+    assert info.resizes_output((x, torch.randn(2, 3, 4).to("neuron")), {"out": fits})  # broadcasts wider
+    assert not info.resizes_output((x, 2.0), {"out": fits})
