@@ -57,7 +57,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         # device/csrc/runtime/executor.cpp), and autograd records its ATen backward, the one
         # CPU autograd runs.
         return aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, dropout_p, is_causal, attn_mask=_additive_mask(attn_mask, query.dtype),
+            query, key, value, dropout_p, is_causal, attn_mask=builtin_kernels.additive_mask(attn_mask, query.dtype),
             scale=scale)[0]
     if builtin_kernels.fused_attention_applies(attn_mask):
         # The host's math path, one launch forward and one backward, computing what it computes.
@@ -67,16 +67,6 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
                                                  enable_gqa)[0]
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-
-
-def _additive_mask(attn_mask, dtype):
-    """As CPU's SDPA converts a boolean mask (True = attend) before its flash kernel: 0 / -inf in
-    the query's dtype, one `where` (both values are exact: any construction gives the same bits).
-    -inf is a CPU 0-dim tensor, a scalar to a neuron op as on CUDA; made per call, not cached:
-    under torch.compile's fake mode a real tensor would be refused."""
-    if attn_mask is None or attn_mask.dtype != torch.bool:
-        return attn_mask
-    return torch.where(attn_mask, 0.0, torch.tensor(float("-inf"), dtype=dtype))
 
 
 def register(lib: torch.library.Library) -> None:

@@ -69,11 +69,14 @@ def _vjp(fn, inputs: tuple, grad: Tensor, needed: tuple) -> list:
 # -- attention --------------------------------------------------------------------------------
 
 def additive_mask(attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """As the C++ SDPA body does before a fused kernel: a boolean mask (True = attend) becomes
-    0 / -inf in the query's dtype. Both values are exact, so any construction gives the same bits."""
+    """As CPU's SDPA converts a boolean mask (True = attend) before a fused kernel: 0 / -inf in
+    the query's dtype, one `where` (both values are exact: any construction gives the same bits).
+    -inf is a CPU 0-dim tensor, a scalar to a neuron op as on CUDA (attention.py issues this on
+    neuron tensors); made per call, not cached: under torch.compile's fake mode a real tensor
+    would be refused."""
     if attn_mask is None or attn_mask.dtype != torch.bool:
         return attn_mask
-    return torch.zeros_like(attn_mask, dtype=dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
+    return torch.where(attn_mask, 0.0, torch.tensor(float("-inf"), dtype=dtype))
 
 
 def _math(q, k, v, mask, is_causal, scale, enable_gqa):

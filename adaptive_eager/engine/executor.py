@@ -216,7 +216,7 @@ class AdaptiveExecutor(Executor):
         # taken once they start at the stream's own cut (_plan_generic).
         self._generic_wait: tuple[int, int] | None = None
         self.protos: dict[tuple, object] = {}
-        # Note [A trace that keeps diverging retires]: key -> (hits, divergences) when retired
+        # Note [A trace that keeps diverging retires]: the keys of retired traces, oldest first
         self.retired: collections.OrderedDict = collections.OrderedDict()
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
         self.phase = Phase.RECORDING  # Note [Engine phases]: changed by the transitions below only
@@ -715,7 +715,7 @@ class AdaptiveExecutor(Executor):
           generate() call's trace diverging once, at its last token) never retires.
         A new model or phase has other signatures, so other keys: it inherits nothing."""
         self.cache.remove(trace)
-        self.retired[trace.key] = (trace.hits, trace.divergences)
+        self.retired[trace.key] = None
         if len(self.retired) > _RETIRED_KEPT:
             self.retired.popitem(last=False)
         self.recent_retired.append(trace)
