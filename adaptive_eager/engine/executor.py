@@ -170,10 +170,11 @@ class _CatchingUpLock:
 
 def _guard_table(trace: Trace):
     """The trace's positions for armed matching, or False if one of them cannot be matched
-    in C++ (an opaque argument, a plan its shape function makes at issue)."""
+    in C++ (an opaque argument). A shape-generic trace's too (Note [Generic guards] in
+    device/csrc/engine/guards.cpp); a plan its shape function makes at issue, C++ makes."""
     guards = []
     for proto in trace.protos:
-        if proto.plan is None or proto.plan.is_from_meta:
+        if proto.plan is None:
             return False
         g = compile_guards(proto)
         if not g.supported:
@@ -304,12 +305,13 @@ class AdaptiveExecutor(Executor):
         p = self._armed
         if p is None:
             return
-        generation, pos, position, rounds, collected = native.disarm()
+        generation, pos, position, rounds, collected, syms = native.disarm()
         if generation == self._arm_generation:  # else C++ never got this arming: nothing matched
             if rounds:
                 self._take_rounds(p, pos, position, rounds, collected)
             else:
                 p.pos = pos
+                p.syms = syms
                 self.position = position
         self._armed = None
 
@@ -352,7 +354,7 @@ class AdaptiveExecutor(Executor):
                 or self.config.launch_blocking or not self.config.native_match):
             return
         trace = p.trace
-        if p.done == p.pos or trace.generic:
+        if p.done == p.pos:
             return
         table = trace.guard_table
         if table is None:
@@ -361,8 +363,10 @@ class AdaptiveExecutor(Executor):
             return
         # Note [Armed rounds]: the route completes the trace too, where _launch would submit it
         # to the device stream, and goes on into its next rounds.
-        wrap = (p.done == 0 and stream.enabled() and _may_use_stream(trace) and not profiler_enabled()
-                and None not in trace.sources)
+        # Not a shape-generic trace's: its completion notes the sizes it met (Trace.note_sizes),
+        # and each round binds its symbols anew.
+        wrap = (p.done == 0 and not trace.generic and stream.enabled() and _may_use_stream(trace)
+                and not profiler_enabled() and None not in trace.sources)
         stop = len(trace.protos) - (0 if wrap else 1)
         if p.pos >= stop or None in trace.sources[p.pos:stop]:
             return
@@ -370,7 +374,7 @@ class AdaptiveExecutor(Executor):
         # saw, whose catch-up changes nothing.
         self._arm_generation += 1
         self._armed = p
-        native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap)
+        native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap, p.syms)
 
     def drain(self) -> None:
         with self._lock:

@@ -110,3 +110,42 @@ def test_a_training_loop_with_backward_on_autograds_thread_keeps_eagers_bits(nat
     adaptive, armed = train("adaptive")
     assert (armed > 0) is native_match
     assert all(torch.equal(a, e) for a, e in zip(adaptive, eager))
+
+
+# -- shape-generic traces (Note [Generic guards] in device/csrc/engine/guards.cpp) -----------------
+def _growing_cache_loop(device, tokens, on_token=lambda t: None, other_dim_at=None):
+    """A KV cache grown by torch.cat a row per token, read by a matmul: a shape-generic trace
+    per token. From token `other_dim_at` on, softmax takes another dimension (an int that was
+    constant in the repetitions recorded)."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8).to(device)
+    cache = torch.zeros(1, 8, device=device)
+    out = []
+    for t in range(tokens):
+        q = torch.full((1, 8), 0.01 * (t % 7), device=device)
+        row = (q @ w).tanh()
+        cache = torch.cat([cache, row])
+        dim = 1 if other_dim_at is not None and t >= other_dim_at else 0
+        out.append((cache @ q.T).softmax(dim).sum(0))
+        on_token(t)
+    return torch.cat(out).cpu()
+
+
+def test_a_steady_shape_generic_trace_is_matched_in_cpp_with_its_sizes_bound_per_token(native_match):
+    armed = {}
+    adaptive = _growing_cache_loop("neuron", 300, lambda t: armed.setdefault(t, native.armed_matches()))
+    cpu = _growing_cache_loop("cpu", 300)
+    assert torch.equal(adaptive, cpu)
+    per_token = [armed[t + 1] - armed[t] for t in range(250, 299)]
+    # Once detection pauses, every op of a token but its first (where the engine enters the
+    # trace) and its last (whose completion notes the sizes met) is matched in C++.
+    assert per_token == ([per_token[0]] * len(per_token) if native_match else [0] * len(per_token))
+    assert not native_match or per_token[0] >= 5, per_token
+
+
+def test_a_generic_divergence_while_armed_is_found_at_the_same_op_and_explained_the_same(native_match):
+    adaptive = _growing_cache_loop("neuron", 300, other_dim_at=290)
+    assert torch.equal(adaptive, _growing_cache_loop("cpu", 300, other_dim_at=290))
+    divergences = "\n".join(adaptive_eager.explain().recent_divergences)
+    assert ("aten._softmax.default with argument 1: expected 0 (the same in both repetitions recorded), got 1 "
+            "at tests/engine/test_native_matching.py") in divergences, divergences

@@ -229,3 +229,52 @@ def test_cpp_guards_refuse_another_op_and_an_unsupported_guard():
     assert not guards.matches(aten.abs.default, (neuron(4),), {})
     opaque = native.PositionGuards(aten.neg.default, [(("unsupported",), False)])
     assert not opaque.supported and not opaque.matches(aten.neg.default, (x,), {})
+
+
+# -- a shape-generic position's guards (Note [Generic guards]) against its Python matcher ------
+def _generic_position(first, second):
+    """The one position of a generic trace built from two recorded calls of an op."""
+    from adaptive_eager.engine.generic import build_generic_trace
+
+    a, b = proto_of(first[0], *first[1], **first[2]), proto_of(second[0], *second[1], **second[2])
+    return build_generic_trace([(0, a, ())], [(1, b, ())]).protos[0]
+
+
+GENERIC_CASES = [
+    # recorded at sizes 3 and 4, new_zeros' sizes (an int list) following the input's
+    ("same_relation_new_size", (aten.new_zeros.default, (neuron(3, 2), [3, 2]), {}),
+     (aten.new_zeros.default, (neuron(4, 2), [4, 2]), {}), (aten.new_zeros.default, (neuron(9, 2), [9, 2]), {}), True),
+    ("relation_broken", (aten.new_zeros.default, (neuron(3, 2), [3, 2]), {}),
+     (aten.new_zeros.default, (neuron(4, 2), [4, 2]), {}), (aten.new_zeros.default, (neuron(9, 2), [8, 2]), {}), False),
+    ("constant_changed", (aten.new_zeros.default, (neuron(3, 2), [3, 2]), {}),
+     (aten.new_zeros.default, (neuron(4, 2), [4, 2]), {}), (aten.new_zeros.default, (neuron(9, 3), [9, 3]), {}), False),
+    ("other_rank", (aten.neg.default, (neuron(3, 2),), {}), (aten.neg.default, (neuron(4, 2),), {}),
+     (aten.neg.default, (neuron(9, 2, 1),), {}), False),
+    ("other_dtype", (aten.neg.default, (neuron(3, 2),), {}), (aten.neg.default, (neuron(4, 2),), {}),
+     (aten.neg.default, (neuron(9, 2, dtype=torch.float64),), {}), False),
+    ("stride_as_recorded", (aten.neg.default, (neuron(3, 2),), {}), (aten.neg.default, (neuron(4, 2),), {}),
+     (aten.neg.default, (neuron(2, 9).t(),), {}), False),
+    ("cat_of_a_growing_cache", (aten.cat.default, ([neuron(3, 2), neuron(1, 2)],), {}),
+     (aten.cat.default, ([neuron(4, 2), neuron(1, 2)],), {}), (aten.cat.default, ([neuron(7, 2), neuron(1, 2)],), {}), True),
+    ("softmax_other_dim", (aten._softmax.default, (neuron(3, 2), 0, False), {}),
+     (aten._softmax.default, (neuron(4, 2), 0, False), {}), (aten._softmax.default, (neuron(9, 2), 1, False), {}), False),
+]
+
+
+@pytest.mark.parametrize("first, second, other, fits", [c[1:] for c in GENERIC_CASES], ids=[c[0] for c in GENERIC_CASES])
+def test_cpp_generic_guards_bind_and_check_sizes_as_the_python_matcher_does(first, second, other, fits):
+    from types import SimpleNamespace
+
+    from adaptive_eager.device import native
+    from adaptive_eager.engine.generic import compile_generic_matcher
+    from adaptive_eager.engine.native_guards import compile_guards
+
+    proto = _generic_position(first, second)
+    guards = compile_guards(proto)
+    assert guards.supported and guards.nsyms == proto.trace.nsyms
+    pending = SimpleNamespace(syms=[None] * proto.trace.nsyms)
+    python = compile_generic_matcher(proto)(*native.route_call(*other), pending) is True
+    bound = guards.binds(*other, [0] * proto.trace.nsyms)
+    assert python is fits and (bound is not None) is fits
+    if fits:
+        assert bound == pending.syms  # the same sizes bound to the same symbols

@@ -14,6 +14,11 @@
 //     bools apart from ints; lists by length, then element by element. A Python number the
 //     dispatcher wrapped as a CPU tensor (for a Tensor argument) counts as the number: the
 //     route hands it to Python so.
+// Note [Generic guards]: a shape-generic position (adaptive_eager/engine/generic.py) checks its
+// tensors by device, dtype and rank, and each int (a size, a stride, an offset, an int
+// argument) as its matcher does: a constant by value, a symbol's first occurrence binds it,
+// each later one must equal it. The symbols are the match's (Armed::syms in route.cpp),
+// handed over at arm and back at disarm.
 // A guard may only be stricter than its Python matcher, never looser: a miss goes to the
 // Python route, which matches or diverges as it does today. What it cannot check (an
 // opaque object keyed by type) makes the position unsupported: always a miss.
@@ -25,6 +30,7 @@
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +49,15 @@ std::vector<int64_t> ints_of(const py::handle& seq) {
   return out;
 }
 
+std::vector<Guard::IntSpec> int_specs_of(const py::handle& seq) {
+  std::vector<Guard::IntSpec> out;
+  for (const auto& e : seq) {
+    const auto spec = e.cast<py::tuple>();
+    out.push_back(Guard::IntSpec{spec[0].cast<int32_t>(), spec[1].cast<bool>(), spec[2].cast<int64_t>()});
+  }
+  return out;
+}
+
 // A Python number the dispatcher wrapped as a CPU 0-dim tensor, where the schema wants a tensor:
 // the route hands it to Python as the number again (toPyObject), so it is checked as one.
 const at::Tensor* wrapped_number(const IValue& v, at::ScalarType type) {
@@ -53,7 +68,18 @@ const at::Tensor* wrapped_number(const IValue& v, at::ScalarType type) {
   return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == type ? &t : nullptr;
 }
 
-bool matches_value(const Guard& g, const IValue& v) {
+bool fits(const Guard::IntSpec& spec, int64_t x, int64_t* syms) {
+  if (spec.sym < 0) {
+    return x == spec.value;
+  }
+  if (spec.bind) {
+    syms[spec.sym] = x;
+    return true;
+  }
+  return x == syms[spec.sym];
+}
+
+bool matches_value(const Guard& g, const IValue& v, int64_t* syms) {
   switch (g.kind) {
     case Guard::kTensor: {
       if (!v.isTensor()) {
@@ -68,6 +94,42 @@ bool matches_value(const Guard& g, const IValue& v) {
       return index == g.device_index && t.scalar_type() == static_cast<at::ScalarType>(g.value) &&
              t.sizes() == c10::IntArrayRef(g.sizes) && t.strides() == c10::IntArrayRef(g.strides) &&
              t.storage_offset() == g.offset;
+    }
+    case Guard::kGenericTensor: {
+      if (!v.isTensor()) {
+        return false;
+      }
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        return false;
+      }
+      const c10::Device d = t.device();
+      const int64_t index = d.type() == kNeuron ? d.index() : (d.is_cpu() ? -1 : -2);
+      const size_t rank = (g.ints.size() - 1) / 2;
+      if (index != g.device_index || t.scalar_type() != static_cast<at::ScalarType>(g.value) ||
+          static_cast<size_t>(t.dim()) != rank) {
+        return false;
+      }
+      const auto sizes = t.sizes();
+      const auto strides = t.strides();
+      for (size_t i = 0; i < rank; ++i) {  // the matcher's order: sizes, strides, offset
+        if (!fits(g.ints[i], sizes[i], syms)) {
+          return false;
+        }
+      }
+      for (size_t i = 0; i < rank; ++i) {
+        if (!fits(g.ints[rank + i], strides[i], syms)) {
+          return false;
+        }
+      }
+      return fits(g.ints[2 * rank], t.storage_offset(), syms);
+    }
+    case Guard::kGenericInt: {
+      const at::Tensor* t = wrapped_number(v, at::kLong);
+      if (t != nullptr) {
+        return fits(g.ints[0], *t->const_data_ptr<int64_t>(), syms);
+      }
+      return v.isInt() && fits(g.ints[0], v.toInt(), syms);
     }
     case Guard::kCpuScalar: {
       if (!v.isTensor()) {
@@ -110,7 +172,7 @@ bool matches_value(const Guard& g, const IValue& v) {
         return false;
       }
       for (size_t i = 0; i < list.size(); ++i) {
-        if (!matches_value(g.children[i], list[i])) {
+        if (!matches_value(g.children[i], list[i], syms)) {
           return false;
         }
       }
@@ -179,6 +241,17 @@ Guard parse_guard(const py::handle& spec) {
     } else {
       g.kind = Guard::kUnsupported;
     }
+  } else if (kind == "generic_tensor") {  // (device index, dtype, ((sym, bind, value), ...))
+    g.kind = Guard::kGenericTensor;
+    g.device_index = t[1].cast<int64_t>();
+    TORCH_CHECK(THPDtype_Check(t[2].ptr()), "a tensor guard's dtype must be a torch.dtype");
+    g.value = static_cast<int64_t>(reinterpret_cast<THPDtype*>(t[2].ptr())->scalar_type);
+    g.ints = int_specs_of(t[3]);
+    TORCH_CHECK(g.ints.size() % 2 == 1, "a generic tensor guard needs 2 * rank + 1 ints");
+  } else if (kind == "generic_int") {  // ((sym, bind, value),)
+    g.kind = Guard::kGenericInt;
+    g.ints = int_specs_of(t[1]);
+    TORCH_CHECK(g.ints.size() == 1, "a generic int guard needs one int");
   } else if (kind == "list") {
     g.kind = Guard::kList;
     for (const auto& child : t[1]) {
@@ -202,8 +275,19 @@ bool has_unsupported(const Guard& g) {
   return false;
 }
 
-bool PositionGuards::matches(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const {
-  if (!supported || op != this->op) {
+int32_t symbols_named(const Guard& g) {
+  int32_t n = 0;
+  for (const auto& spec : g.ints) {
+    n = std::max(n, spec.sym + 1);
+  }
+  for (const Guard& c : g.children) {
+    n = std::max(n, symbols_named(c));
+  }
+  return n;
+}
+
+bool PositionGuards::matches(const c10::OperatorHandle& op, const torch::jit::Stack& stack, int64_t* syms) const {
+  if (!supported || op != this->op || (nsyms > 0 && syms == nullptr)) {
     return false;
   }
   const auto& arguments = op.schema().arguments();
@@ -225,7 +309,7 @@ bool PositionGuards::matches(const c10::OperatorHandle& op, const torch::jit::St
     if (a.not_default && at_default) {
       return false;  // the Python call would leave it out: another call shape
     }
-    if (!matches_value(a.guard, values[i])) {
+    if (!matches_value(a.guard, values[i], syms)) {
       return false;
     }
   }

@@ -28,6 +28,8 @@ struct Guard {
     kEnum,
     kDevice,
     kList,
+    kGenericTensor,  // a shape-generic position's: sizes, strides and offset by IntSpec
+    kGenericInt,     // a shape-generic position's int argument, by IntSpec
     kUnsupported,
   };
   Kind kind = kUnsupported;
@@ -39,6 +41,13 @@ struct Guard {
   std::string svalue;
   c10::Device device{c10::kCPU};
   std::vector<Guard> children;  // a list's elements
+  // Note [Generic guards]: kGenericTensor's sizes, strides, offset (2 * rank + 1), kGenericInt's one.
+  struct IntSpec {
+    int32_t sym = -1;  // -1: a constant, `value`; else the trace's symbol it is
+    bool bind = false;  // the symbol's first occurrence in the trace: binds it
+    int64_t value = 0;
+  };
+  std::vector<IntSpec> ints;
 };
 
 struct ArgGuard {
@@ -50,11 +59,15 @@ struct PositionGuards {
   c10::OperatorHandle op;
   std::vector<ArgGuard> args;  // one per schema argument
   bool supported = true;  // false: a guard C++ cannot check; every call misses
-  bool matches(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
+  int32_t nsyms = 0;  // a generic position's: 1 + the highest symbol it names (0: none)
+  // syms: a generic trace's sizes as this match binds them (Note [Generic guards]); may be
+  // null for a position that names none. A call that does not fit may leave some bound.
+  bool matches(const c10::OperatorHandle& op, const torch::jit::Stack& stack, int64_t* syms = nullptr) const;
 };
 
 Guard parse_guard(const py::handle& spec);
 bool has_unsupported(const Guard& g);
+int32_t symbols_named(const Guard& g);  // 1 + the highest symbol g's ints name (0: none)
 
 // route.cpp: the dispatcher's handle of an OpOverload, and the IValue stack of a Python call
 // of it (missing arguments at their defaults), as the C++ fallback would see the call.

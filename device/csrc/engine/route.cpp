@@ -15,7 +15,10 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <string>
 #include <unordered_map>
@@ -217,9 +220,12 @@ struct Armed {
   bool wrap = false;  // Note [Armed rounds]: complete the trace here and go on from its start
   int64_t rounds = 0;  // trace launches submitted here since armed
   int64_t collected = 0;  // launch outcomes collected here since armed (all without errors)
+  std::vector<int64_t> syms;  // a generic trace's sizes as this match binds them (Note [Generic guards])
   bool armed = false;
 };
 Armed& g_armed = *new Armed;  // leaked, as g_run_eager
+// A symbol not bound yet, as Python's None: no size, stride, offset or int argument is this.
+constexpr int64_t kUnbound = std::numeric_limits<int64_t>::min();
 std::atomic<bool> g_stream_allowed{true};  // stream.set_enabled's setting: rounds only while true
 
 // Room for one more launch on the stream, for a round's completion: false where the engine
@@ -246,15 +252,22 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     g_armed.armed = false;  // the engine completes it (Note [Armed rounds])
     return false;
   }
-  if (!guards.matches(op, *stack)) {
+  if (!guards.matches(op, *stack, g_armed.syms.data())) {
     g_armed.armed = false;  // the engine looks at this op: a divergence, or a switch
     return false;
+  }
+  std::shared_ptr<const neuron::DeferPlan> plan = g_armed.table->plans[k];
+  if (plan->from_meta) {  // a generic position's: Note [Plans from shape functions] (meta_plan.cpp)
+    plan = neuron::plan_from_meta(op, *stack, *plan);
+    if (!plan) {  // the engine matches it again, and finds it has no shape function
+      g_armed.armed = false;
+      return false;
+    }
   }
   if (last && !make_room_on_stream()) {
     g_armed.armed = false;
     return false;
   }
-  std::shared_ptr<const neuron::DeferPlan> plan = g_armed.table->plans[k];
   // Counted before it is queued, as the engine counts a position before the route queues
   // it: an op that raises (out of memory) was counted, and the engine's issue_failed ends
   // the match (Note [Interrupted issue]).
@@ -476,7 +489,7 @@ void bind_route(py::module_& m) {
   // Note [A position's guards in C++] (guards.cpp)
   py::class_<neuron::PositionGuards, std::shared_ptr<neuron::PositionGuards>>(m, "PositionGuards")
       .def(py::init([](const py::object& func, const py::sequence& per_argument) {
-             auto guards = std::make_shared<neuron::PositionGuards>(neuron::PositionGuards{neuron::op_of(func), {}, true});
+             auto guards = std::make_shared<neuron::PositionGuards>(neuron::PositionGuards{neuron::op_of(func), {}, true, 0});
              TORCH_CHECK(per_argument.size() == guards->op.schema().arguments().size(),
                          "adaptive engine bug: ", per_argument.size(), " guards for ", guards->op.schema().operator_name(),
                          "'s ", guards->op.schema().arguments().size(), " arguments");
@@ -484,6 +497,7 @@ void bind_route(py::module_& m) {
                const auto pair = item.cast<py::tuple>();
                neuron::ArgGuard arg{neuron::parse_guard(pair[0]), pair[1].cast<bool>()};
                guards->supported = guards->supported && !neuron::has_unsupported(arg.guard);
+               guards->nsyms = std::max(guards->nsyms, neuron::symbols_named(arg.guard));
                guards->args.push_back(std::move(arg));
              }
              return guards;
@@ -494,7 +508,18 @@ void bind_route(py::module_& m) {
                          const py::dict& kwargs) {
              const c10::OperatorHandle& op = neuron::op_of(func);
              return guards.matches(op, neuron::stack_of(op, args, kwargs));
-           }, "whether the call (func, args, kwargs) fits, checked on its IValue stack");
+           }, "whether the call (func, args, kwargs) fits, checked on its IValue stack")
+      .def_readonly("nsyms", &neuron::PositionGuards::nsyms)
+      .def("binds", [](const neuron::PositionGuards& guards, const py::object& func, const py::tuple& args,
+                       const py::dict& kwargs, std::vector<int64_t> syms) -> std::optional<std::vector<int64_t>> {
+             TORCH_CHECK(static_cast<int64_t>(syms.size()) >= guards.nsyms, "binds: ", syms.size(), " symbols for a position naming ",
+                         guards.nsyms);
+             const c10::OperatorHandle& op = neuron::op_of(func);
+             if (!guards.matches(op, neuron::stack_of(op, args, kwargs), syms.data())) {
+               return std::nullopt;
+             }
+             return syms;
+           }, "a generic position's check (Note [Generic guards]): the symbols after the call, or None if it does not fit");
   py::class_<GuardTable, std::shared_ptr<GuardTable>>(m, "GuardTable")
       .def(py::init([](std::vector<std::shared_ptr<neuron::PositionGuards>> guards,
                        std::vector<std::shared_ptr<neuron::DeferPlan>> plans) {
@@ -508,9 +533,14 @@ void bind_route(py::module_& m) {
   // Both without the GIL while they wait for the lock: its holder may be queueing an op on
   // autograd's thread, and dropping a tensor there can take the GIL.
   m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation,
-                  bool wrap) {
+                  bool wrap, std::vector<std::optional<int64_t>> syms) {
     TORCH_CHECK(pos < stop && stop <= table->guards.size() && (!wrap || stop == table->guards.size()),
                 "adaptive engine bug: arming [", pos, ", ", stop, ")");
+    TORCH_CHECK(!wrap || syms.empty(), "adaptive engine bug: a generic trace's rounds would start with its symbols bound");
+    for (size_t k = pos; k < stop; ++k) {
+      TORCH_CHECK(table->guards[k]->nsyms <= static_cast<int32_t>(syms.size()), "adaptive engine bug: position ", k,
+                  " names ", table->guards[k]->nsyms, " symbols, the match has ", syms.size());
+    }
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.generation = generation;
     g_armed.table = std::move(table);
@@ -520,17 +550,30 @@ void bind_route(py::module_& m) {
     g_armed.wrap = wrap;
     g_armed.rounds = 0;
     g_armed.collected = 0;
+    g_armed.syms.resize(syms.size());  // an unbound one is bound before it is read
+    for (size_t i = 0; i < syms.size(); ++i) {
+      g_armed.syms[i] = syms[i].value_or(kUnbound);
+    }
     g_armed.armed = true;
-  }, py::call_guard<py::gil_scoped_release>(),
+  }, py::arg("table"), py::arg("pos"), py::arg("stop"), py::arg("position"), py::arg("generation"), py::arg("wrap"),
+  py::arg("syms") = std::vector<std::optional<int64_t>>{}, py::call_guard<py::gil_scoped_release>(),
   "match positions [pos, stop) of the table in C++; position: the engine's stream position; "
-  "generation: the engine's name for this arming; wrap: complete the trace and go on (Note [Armed rounds])");
+  "generation: the engine's name for this arming; wrap: complete the trace and go on (Note [Armed rounds]); "
+  "syms: a generic trace's sizes bound so far (None: not yet), Note [Generic guards]");
   m.def("disarm", []() {
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.armed = false;
-    return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position, g_armed.rounds, g_armed.collected);
+    std::vector<std::optional<int64_t>> syms(g_armed.syms.begin(), g_armed.syms.end());
+    for (auto& sym : syms) {
+      if (*sym == kUnbound) {
+        sym.reset();
+      }
+    }
+    return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position, g_armed.rounds, g_armed.collected,
+                           std::move(syms));
   }, py::call_guard<py::gil_scoped_release>(),
   "stop matching in C++: (arming's generation, trace position, stream position, rounds submitted, outcomes "
-  "collected), the same if called again");
+  "collected, a generic trace's symbols), the same if called again");
   m.def("set_stream_allowed", [](bool allowed) { g_stream_allowed.store(allowed); },
         "whether armed rounds may submit to the device stream (stream.set_enabled)");
   m.def("armed_matches", []() { return g_armed.matched; }, "ops queued by armed matching, all told");
