@@ -43,6 +43,24 @@ def test_views_share_their_bases_bytes_as_on_any_device():
     assert torch.equal(x.cpu(), expected)
 
 
+def test_views_whose_aten_kernels_are_per_device_are_views_on_neuron_with_no_launch():
+    # unfold (which `repeat` uses), view_as_real, view_as_complex: ATen registers them per
+    # device, not as composites; on neuron they are metadata-only views, as on CPU.
+    x = torch.arange(12.0, device=NEURON)
+    z = torch.randn(3, 2, device=NEURON)
+    before = adaptive_eager.stats().launches
+    with adaptive_eager.mode("eager"):
+        windows, complex_ = x.unfold(0, 4, 2), torch.view_as_complex(z)
+        real = torch.view_as_real(complex_)
+    assert adaptive_eager.stats().launches == before
+    for view, base in ((windows, x), (complex_, z), (real, z)):
+        assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert torch.equal(windows.cpu(), torch.arange(12.0).unfold(0, 4, 2))
+    assert torch.equal(complex_.cpu(), torch.view_as_complex(z.cpu())) and torch.equal(real.cpu(), z.cpu())
+    windows[1].fill_(-1.0)  # writes through to the base, as a view's do
+    assert x.cpu()[2:6].eq(-1.0).all()
+
+
 def test_assigning_dot_data_replaces_the_parameters_value():
     # The wrapper silently ignored it: C++ set_data never reached __torch_dispatch__.
     p = torch.nn.Parameter(torch.zeros(3, device=NEURON))

@@ -309,6 +309,34 @@ def test_loop_that_synchronizes_every_step_runs_one_launch_per_step():
     assert launches[WARMUP:] == [1] * (10 - WARMUP), launches
 
 
+def test_position_ids_made_with_repeat_in_the_step_still_fuse_it():
+    """`repeat` unfolds its input: a view made by a kernel of the eager path was a barrier
+    that split the step (HF Whisper's decoder makes its position ids so: 4 launches a step)."""
+    def run(mode):
+        adaptive_eager.set_mode(mode)
+        torch.manual_seed(0)
+        table = torch.nn.Embedding(8, 32).to("neuron")
+        net = _mlp().to("neuron")
+        opt = torch.optim.AdamW([*net.parameters(), *table.parameters()], lr=1e-2)
+        x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+        launches = []
+        for _ in range(10):
+            before = adaptive_eager.stats().launches
+            opt.zero_grad()
+            positions = torch.arange(8, device="neuron").unsqueeze(0).repeat(2, 1)  # (2, 8)
+            h = x + table(positions).sum((0, 1))
+            F.cross_entropy(net(h), y).backward()
+            opt.step()
+            torch.neuron.synchronize()
+            launches.append(adaptive_eager.stats().launches - before)
+        return [p.cpu() for p in [*net.parameters(), *table.parameters()]], launches
+
+    eager_params, _ = run("eager")
+    params, launches = run("adaptive")
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, params))
+    assert launches[WARMUP:] == [1] * (10 - WARMUP), launches
+
+
 def test_traces_with_the_same_first_op_hand_over_instead_of_diverging():
     """Two sync-bounded segments start with the same op (as `t` begins many backward
     segments under DDP). The longer trace is tried first at both; where the shorter one is

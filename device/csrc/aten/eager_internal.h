@@ -91,6 +91,9 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
                       c10::optional<int64_t> storage_offset);
 at::Tensor view(const at::Tensor& self, c10::IntArrayRef size);
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride);
+at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step);
+at::Tensor view_as_real(const at::Tensor& self);
+at::Tensor view_as_complex(const at::Tensor& self);
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format);
 at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride);

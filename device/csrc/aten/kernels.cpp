@@ -14,6 +14,9 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -87,6 +90,18 @@ at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::nati
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
 }
+
+// The views whose only ATen kernels are per device (CPU, CUDA, ...): on the eager fallback they
+// would run on a host alias, and their output, a tensor sharing an input's bytes made by a
+// kernel, is a barrier to the engine (`repeat` unfolds: Whisper's decoder ran as 4 launches
+// a step). Their CPU kernels are metadata only, as view's are, and are device-agnostic.
+at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
+  return at::native::unfold(self, dimension, size, step);
+}
+
+at::Tensor view_as_real(const at::Tensor& self) { return at::native::view_as_real(self); }
+
+at::Tensor view_as_complex(const at::Tensor& self) { return at::native::view_as_complex(self); }
 
 // Both may grow the storage through its allocator, the neuron one, which allocates on the
 // current device: hence the guard. New bytes are charged, old ones released.

@@ -101,6 +101,9 @@ void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std
   aten->impl("as_strided", TORCH_FN(as_strided));
   aten->impl("view", TORCH_FN(view));
   aten->impl("_reshape_alias", TORCH_FN(reshape_alias));
+  aten->impl("unfold", TORCH_FN(unfold));
+  aten->impl("view_as_real", TORCH_FN(view_as_real));
+  aten->impl("view_as_complex", TORCH_FN(view_as_complex));
   aten->impl("resize_", TORCH_FN(resize));
   aten->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   aten->impl("set_.source_Storage", static_cast<at::Tensor& (*)(at::Tensor&, at::Storage)>(&at::native::set_));
