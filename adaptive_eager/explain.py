@@ -76,7 +76,9 @@ def explain() -> Explanation:
             flushes=dict(engine.counters.flushes),
             recent_divergences=tuple(engine.recent_divergences),
             recent_flushes=tuple(engine.recent_flushes),
-            phase=engine.phase.value + (", detection paused" if engine.detection_paused else ""),
+            phase=engine.phase.value + (", detection paused" if engine.detection_paused else "")
+            + (" (it found nothing new for a while: Note [Detection that finds nothing pauses])"
+               if engine._quiet_until is not None else ""),
             retired=tuple(_summary(t) for t in engine.recent_retired),
         )
 

@@ -35,6 +35,7 @@ eagerly; matching continues after it with the rest of the trace. A mismatching o
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import warnings
 
@@ -60,6 +61,7 @@ from .trace import Trace, build_proto, build_trace, output_slots
 
 _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
+_QUIET_FACTOR, _MAX_QUIET_FACTOR = 4, 1024  # Note [Detection that finds nothing pauses]
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
@@ -78,6 +80,7 @@ class EngineCounters:
         self.switches = 0  # matches handed to another trace with the same prefix (_switch_trace)
         self.generic_traces = 0  # shape-generic traces adopted (Note [Shape-generic traces])
         self.stream_launches = 0  # fused launches run on the device stream
+        self.quiet_pauses = 0  # Note [Detection that finds nothing pauses]
         self.flushes: collections.Counter = collections.Counter()
 
 
@@ -247,6 +250,13 @@ class AdaptiveExecutor(Executor):
         # longer, so a pause need not wait for more than a few of them (_resume_detection).
         self._last_sync_at = 0
         self._longest_unsynced = 0
+        # Note [Detection that finds nothing pauses]
+        self._fruitless = 0  # ops the detectors saw since they last found something new
+        self._fruitless_limit = _MIN_PAUSE_AFTER
+        self._quiet_factor = _QUIET_FACTOR  # a quiet pause lasts this many times the stretch before it
+        self._quiet_until: int | None = None  # a quiet pause: its end, as a stream position
+        self._fruitless_divergences: set = set()  # (trace id, position) of those since
+        self._familiar_divergences: frozenset = frozenset()  # the set above, as a quiet pause began
         # Novelty backoff (see _count_novelty): ops left to run without recording (BACKING_OFF).
         self._backoff = 0
         self._backoff_len = _NOVELTY_WINDOW
@@ -692,6 +702,11 @@ class AdaptiveExecutor(Executor):
         # vLLM). The trace that diverged goes behind the others that start alike: the next
         # step tries the trace the stream last followed first, and a change of phase costs
         # one divergence instead of one per step.
+        key = (p.trace.id, p.pos)
+        if self._quiet_until is None:
+            self._fruitless_divergences.add(key)
+        elif key not in self._familiar_divergences:
+            self._quiet_until = self.position  # not where it left them before: look again
         self.cache.demote(p.trace)
         self._flush("divergence")
         self._stop_matching()
@@ -728,6 +743,13 @@ class AdaptiveExecutor(Executor):
 
     def _resume_detection(self) -> None:
         """The stream left the cached traces: look for repetition again, from here on."""
+        if self._quiet_until is not None:
+            if self.position < self._quiet_until:
+                self._steady = max(self._steady, self._pause_after)  # Note [Detection that finds nothing pauses]
+                return
+            self._quiet_until = None
+            self._fruitless_limit = min(2 * self._fruitless_limit, self._max_pause_after)
+            self._quiet_factor = min(_QUIET_FACTOR * self._quiet_factor, _MAX_QUIET_FACTOR)
         if self.detection_paused:
             self.history.clear()
             self.detector.forget()
@@ -834,6 +856,13 @@ class AdaptiveExecutor(Executor):
         if self.pending is not None:  # an op between a sync and the trace's rest: launch first
             self._flush("divergence")
             self._stop_matching()
+        if self._quiet_until is not None:
+            if rec.signature in self.protos and self.position < self._quiet_until:
+                # Note [Detection that finds nothing pauses]: an op seen before, run as ever,
+                # with nothing to describe or detect.
+                self.position += 1
+                return native.RUN_EAGER
+            self._quiet_until = self.position  # an op never seen: the quiet pause ends here
         return native.RUN_EAGER, lambda out: self._recorded(info, rec, out, args, kwargs)
 
     def _recorded(self, info, rec: OpRecord, out, args, kwargs) -> None:
@@ -891,6 +920,7 @@ class AdaptiveExecutor(Executor):
         if self._steady >= self._pause_after:  # detection_paused, inline: once per op
             return position  # detection paused: the stream is fully covered by traces
         self.history.append((position, proto, producers))
+        self._fruitless += 1
         # An op a generic trace matched is keyed as the same op run eagerly would be: the
         # exact detector sees one stream however its ops were matched.
         signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
@@ -906,6 +936,9 @@ class AdaptiveExecutor(Executor):
             if len(self.erased_ids) > 100_000:
                 self.erased_ids.clear()
             shape_key = self.erased_ids[erased] = len(self.erased_ids)
+            self._found_something()  # an op never seen, but for its sizes
+        elif self._fruitless >= self._fruitless_limit:
+            self._maybe_quiet()
         period = self.detector.push(key)
         shape_period = self.shape_detector.push(shape_key)
         if period is not None:
@@ -920,6 +953,49 @@ class AdaptiveExecutor(Executor):
                 self._generic_wait = None
                 self._adopt_generic(period)
         return position
+
+    # -- Note [Detection that finds nothing pauses] ---------------------------------------------
+    def _found_something(self) -> None:
+        """A new trace was cached, or an op never seen (but for its sizes) ran: detection has
+        work, and pauses for lack of it only after a full stretch again."""
+        self._fruitless = 0
+        self._fruitless_limit = _MIN_PAUSE_AFTER
+        self._quiet_factor = _QUIET_FACTOR
+        self._fruitless_divergences.clear()
+
+    def _maybe_quiet(self) -> None:
+        """Note [Detection that finds nothing pauses]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Detection pauses after a long stretch matched inside cached traces (Note [When
+        detection pauses]); a stream that leaves them now and then for good, though, kept it
+        running for ever: generate() diverges once per call (its last token sets the done
+        flag) and runs a dozen ops between its traces, so no stretch was long enough, and
+        every op paid for recording and detection, and for matching in Python (armed
+        matching waits for a pause): adaptive mode was twice eager's cost per call.
+        So detection also pauses once it has seen `limit` ops in which it found nothing new
+        (no trace cached, no op never seen but for its sizes) and the stream left the traces
+        only where it has before: a "quiet" pause. It is long enough to find any unit it
+        could find: a unit repeats within 2 * repeats of the longest stretch between sync
+        points (a training step without a host read never pauses so), and at least 1,024 ops.
+        While quiet, an op run eagerly whose signature is known is run with nothing recorded,
+        and a divergence where the stream diverged in that stretch (the same trace and
+        position) does not resume detection. An op never seen, or a divergence elsewhere (a
+        call whose steps differ: its trace is found again, and the traces it diverges from
+        are not retired for it), ends the pause at once; else it ends after 4 x limit ops, and
+        detection looks again for twice as long before the next one (a unit longer than what
+        it saw is found then: never fused is not for ever), which lasts 4 times as long again
+        (up to 1,024 x limit): a stream that stays the same spends ever less of its ops on
+        detection (a fixed 4 x limit left a fifth of generate()'s calls detected)."""
+        unit = max(self._longest_unsynced, self.position - self._last_sync_at)
+        limit = max(self._fruitless_limit, min(self._max_pause_after, 2 * self.config.repeats * unit))
+        if self._fruitless < limit:
+            return
+        self._fruitless = 0
+        self._familiar_divergences = frozenset(self._fruitless_divergences)
+        self._fruitless_divergences.clear()
+        self._quiet_until = self.position + self._quiet_factor * limit
+        self._steady = max(self._steady, self._pause_after)
+        self.counters.quiet_pauses += 1
 
     def _drop_superseded(self, window, length: int) -> None:
         """Generic traces that matched inside a unit just cached whole (a layer of each width
@@ -976,7 +1052,7 @@ class AdaptiveExecutor(Executor):
         """A period repeated by size-erased keys: its two sightings become a generic trace once
         the second one ends where a trace should: at a sync point when the step has one,
         else at the quietest cut (as _adopt rotates an exact period)."""
-        entries = list(self.history)[-2 * period:]
+        entries = _tail(self.history, 2 * period)
         if len(entries) < 2 * period:
             return
         window = entries[period:]
@@ -991,7 +1067,7 @@ class AdaptiveExecutor(Executor):
     def _adopt_generic(self, period: int) -> None:
         """Note [Shape-generic traces]: the last two periods (the same by size-erased keys) as
         generic traces, split at sync points."""
-        entries = list(self.history)[-2 * period:]
+        entries = _tail(self.history, 2 * period)
         if len(entries) < 2 * period:
             return
         first, second = entries[:period], entries[period:]
@@ -1021,6 +1097,7 @@ class AdaptiveExecutor(Executor):
                 if trace.key in self.cache or trace.key in self.retired:
                     continue
                 self.cache.add(trace)
+                self._found_something()
                 self.counters.generic_traces += 1
                 adopted = adopted or trace
                 self._pause_after = max(self._pause_after, 4 * (hi - lo))
@@ -1032,7 +1109,7 @@ class AdaptiveExecutor(Executor):
 
     def _adopt(self, period: int) -> None:
         """The last `period` ops repeated: cache them as traces (split at sync points)."""
-        recent = list(self.history)[-2 * period:]
+        recent = _tail(self.history, 2 * period)
         entries = self._exact_entries(recent)
         if entries is None:
             # Note [A trace that keeps diverging retires]: shorter generic traces matched ops
@@ -1092,6 +1169,7 @@ class AdaptiveExecutor(Executor):
         for t in traces:
             if t.key not in self.cache:
                 self.cache.add(t)
+                self._found_something()
         return [self.cache.get(t.key, t) for t in traces]
 
     # -- failures of the engine itself ------------------------------------------------------------
@@ -1103,6 +1181,15 @@ class AdaptiveExecutor(Executor):
 
 
 _NO_MATCH = object()
+
+
+def _tail(history: collections.deque, n: int) -> list:
+    """The last n entries, oldest first, in O(n): a period fires often in a long stream
+    (eight times per generate() call), and copying the whole history (up to 2 x max_period
+    entries) each time was the detector's largest cost per op there."""
+    tail = list(itertools.islice(reversed(history), n))
+    tail.reverse()
+    return tail
 
 
 class _Matched(tuple):
