@@ -5,7 +5,8 @@ PrivateUse1 device (`registration.py`, and `refusal.py` for a device a bad setti
 unusable), the Executor interface the engine implements (`executor.py`, `context.py`), op
 classification and pricing (`classify.py`, `pricing.py`), the device's own kernels
 (`attention.py`, `builtin_kernels.py`, `custom_kernels.py`, `nki_kernels.py`: NKI kernels on
-torch tensors), autocast, torch.distributed, torch.compile (`compile_backend.py`,
+torch tensors), what CUDA's kernels compute for dtypes CPU's refuse (`cuda_dtypes.py`: integer
+histc), autocast, torch.distributed, torch.compile (`compile_backend.py`,
 `inductor.py`, `dynamo_opaque.py`) and the RNG shims (`rng.py`). A new integration is a module
 here, installed from registration.py.
 

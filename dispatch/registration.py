@@ -11,7 +11,7 @@ import adaptive_eager.device as neuron_device
 from adaptive_eager.device import native, settings
 from adaptive_eager.device.torch_module import build_module
 
-from . import attention, autocast, builtin_kernels, distributed, refusal
+from . import attention, autocast, builtin_kernels, cuda_dtypes, distributed, refusal
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 
@@ -67,6 +67,8 @@ def register() -> None:
         # The device's own kernels (one launch each way): Note [Custom kernels run whole] in custom_kernels.py.
         attention.register(lib)
         builtin_kernels.register(lib)
+        # histc of integers computes CUDA's result: Note [The eager path's kernel, kept] in cuda_dtypes.py.
+        cuda_dtypes.register(lib)
         autocast.register(lib)
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()
