@@ -179,8 +179,7 @@ def exact_proto(sighting: GenericSighting, signature: tuple) -> OpProto:
     sizes never change (then the exact signature's own) or its shape function's at issue.
     What it does not know is the outputs' geometry (out_specs), which only an eager run shows:
     so it is not interned in the engine's protos (an eager run of the signature describes it
-    then), and no cut counts values it produced (_quietest_cut). A trace holding one is not
-    armed in C++ while its plan comes from the shape function (_guard_table)."""
+    then), and no cut counts values it produced (_quietest_cut)."""
     proto = sighting.proto
     return OpProto(proto.info, signature, proto.args_t, proto.kwargs_t, (), proto.device, False, plan=proto.plan)
 
