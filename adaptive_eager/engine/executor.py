@@ -962,6 +962,7 @@ class AdaptiveExecutor(Executor):
         self._fruitless_limit = _MIN_PAUSE_AFTER
         self._quiet_factor = _QUIET_FACTOR
         self._fruitless_divergences.clear()
+        self._familiar_divergences = frozenset()
 
     def _maybe_quiet(self) -> None:
         """Note [Detection that finds nothing pauses]
@@ -991,7 +992,9 @@ class AdaptiveExecutor(Executor):
         if self._fruitless < limit:
             return
         self._fruitless = 0
-        self._familiar_divergences = frozenset(self._fruitless_divergences)
+        # Those of earlier fruitless stretches too: a loop whose calls differ in a cycle (one
+        # prompt of five padded) diverges in one call where it does not in the others.
+        self._familiar_divergences = self._familiar_divergences | self._fruitless_divergences
         self._fruitless_divergences.clear()
         self._quiet_until = self.position + self._quiet_factor * limit
         self._steady = max(self._steady, self._pause_after)
