@@ -2,6 +2,7 @@
 #include "neuron.h"
 
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/extension.h>
 
 #include <memory>
@@ -69,6 +70,11 @@ void install_eager(double us_per_byte, double on_chip_bytes, const py::dict& us_
   neuron::install_eager({us_per_byte, on_chip_bytes, rates(us_per_flop, default_us_per_flop),
                          rates(us_per_element, default_us_per_element)},
                         why);
+  // Note [Backward formulas that pick a layout by device]: native_group_norm's node on neuron
+  // is torch's subclassed; Python shows it as torch's type, `_saved_*` attributes included.
+  auto torch_type = py::module_::import("torch._C").attr("_functions").attr("NativeGroupNormBackward0");
+  torch::autograd::registerCppFunction(neuron::group_norm_backward_type(),
+                                       reinterpret_cast<PyTypeObject*>(torch_type.ptr()));
 }
 
 // The synchronizer is Python (the runtime's synchronize): called with the GIL, from the

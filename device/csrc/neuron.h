@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -284,6 +285,12 @@ bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops 
 // layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
 // alive in libraries (Note [Dense layouts only]).
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
+// autograd_layouts.cpp, Note [Backward formulas that pick a layout by device]: the autograd
+// kernels that take CPU's layout where torch's formula checks the device; the C++ type of
+// the node that native_group_norm's hangs its outputs on (module.cpp shows it to Python as
+// torch's NativeGroupNormBackward0).
+void register_autograd_layouts(std::vector<std::unique_ptr<torch::Library>>& libraries);
+const std::type_info& group_norm_backward_type();
 // run_on_host.cpp: the op on the eager path now, whatever the route (after the queue has run).
 void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // The kernel of every op neuron runs on the CPU's kernels: offered to the engine's route, else

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import adaptive_eager
+
 STEPS = 4
 
 
@@ -182,6 +184,64 @@ def test_views_of_normal_tensors_in_inference_mode_are_normal_tensors_as_on_cpu(
         v, t, y = x.view(6), x.t(), x + 1
     assert (v.is_inference(), t.is_inference(), y.is_inference()) == (False, False, True)
     assert torch.equal(t.cpu(), x.cpu().t())
+
+
+
+# -- GroupNorm on channels_last (issue 37, item 1) --------------------------------------------
+# Note [Backward formulas that pick a layout by device] (device/csrc/aten/autograd_layouts.cpp):
+# torch's formula gives CPU's kernel channels-last arguments on CPU only; elsewhere contiguous
+# copies, which that kernel reduces in another order.
+
+def _group_norm_and_grads(device, x, weight, bias, grad_out):
+    """y and the gradients of input, weight and bias. The input's is taken at a non-leaf: a
+    leaf's .grad is restrided to the leaf's layout (AccumulateGrad), which would hide the
+    layout the kernel returned."""
+    x, weight, bias = (t.to(device).requires_grad_() for t in (x, weight, bias))
+    inner = x * 1
+    y = F.group_norm(inner, 8, weight, bias)
+    assert type(y.grad_fn) is torch._C._functions.NativeGroupNormBackward0  # as on CPU, _saved_* included
+    assert y.grad_fn._saved_group == 8
+    return [y, *torch.autograd.grad(y, (inner, weight, bias), grad_out.to(device))]
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format],
+                         ids=["channels_last", "contiguous"])
+def test_group_norm_gradients_are_cpus_values_and_strides(mode, memory_format):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 32, 8, 8, generator=g).to(memory_format=memory_format)
+    weight, bias = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    grad_out = torch.randn(2, 32, 8, 8, generator=g).to(memory_format=memory_format)
+    expected = _group_norm_and_grads("cpu", x, weight, bias, grad_out)
+    with adaptive_eager.mode(mode):
+        adaptive_eager.reset_stats()
+        for _ in range(6):  # adaptive: recorded, then replayed with the trace's output geometry
+            got = _group_norm_and_grads("neuron", x, weight, bias, grad_out)
+            for name, a, b in zip(("y", "input", "weight", "bias"), expected, got):
+                assert b.stride() == a.stride(), f"{name}: strides {b.stride()}, CPU's {a.stride()}"
+                assert torch.equal(b.cpu(), a), f"{name}: {(b.cpu() - a).abs().max()} from CPU's"
+        if mode == "adaptive":
+            assert adaptive_eager.stats().trace_hits > 0, "no replay: the trace's geometry went unchecked"
+
+
+def _group_norm_cnn():
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.GroupNorm(8, 16), nn.SiLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5)).to(memory_format=torch.channels_last)
+
+
+def _channels_last_image_batch(g):
+    x, y = _image_batch(g)
+    return x.to(memory_format=torch.channels_last), y
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_channels_last_cnn_with_group_norm_matches_cpu(mode):
+    batches = _batches(4, 2 * STEPS, 1, _channels_last_image_batch)  # adaptive: enough steps to replay
+    cpu = _train("cpu", _group_norm_cnn, OPTIMIZERS["adamw_default"], batches, F.cross_entropy)
+    with adaptive_eager.mode(mode):
+        neuron = _train("neuron", _group_norm_cnn, OPTIMIZERS["adamw_default"], batches, F.cross_entropy)
+    _assert_same_run(cpu, neuron)
 
 
 # -- a small transformer ---------------------------------------------------------------------

@@ -117,6 +117,7 @@ void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std
   aten->impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   register_cpu_kernels_whole(*aten);
   refuse_sparse_and_nested(g_libraries);
+  register_autograd_layouts(g_libraries);
   // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose
   // gloo rejects neuron tensors. Run on the host aliases, c10d's CPU kernels hand gloo the
   // device's bytes: gloo reads and writes them in place, async work included.
