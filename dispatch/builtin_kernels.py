@@ -11,7 +11,8 @@ bit-identical to CPU:
   `neuron::attention_dropout` draws the mask from the device generator and its backward
   replays it from the generator state the forward started from.
 - `neuron::rms_norm` runs `aten::rms_norm`'s composite body on the host (CPU has no fused
-  RMSNorm kernel), `neuron::rms_norm_backward` its autograd backward by recomputation.
+  RMSNorm kernel), `neuron::rms_norm_backward` its autograd backward by recomputation, the
+  input's gradient one read at a time (Note [RMSNorm's input gradient, use by use]).
 
 torch.compile traces them with their host bodies run on FakeTensors (`fake=True`: every
 op they call has a meta kernel), so traced shapes and strides are the real ones.
@@ -242,34 +243,91 @@ def _rms_norm_backward_cost(grad, input, normalized_shape, weight, eps, output_m
     return {"flops": 12.0 * input.numel(), "bytes": 3 * input.nbytes + w_bytes}
 
 
+# Note [RMSNorm's input gradient, use by use]: in float32 and float64 the composite reads its
+# input twice (the mean of squares, then the scaling; half precision reads one upcast copy),
+# and CPU autograd adds each read's gradient into the input's gradient buffer as its node
+# runs: the scaling's, then the mean of squares'. Any gradient the input already got from an
+# op recorded later comes first: (g + d_scale) + d_square for `x + rms_norm(x)`. A backward
+# that returned their sum as one gradient would add g + (d_scale + d_square): 1 ulp off CPU.
+# So the backward returns the input's gradient per read, in the order CPU's engine adds them,
+# and the norm's autograd node (_RMSNorm) has an edge to the input for each, so the engine
+# adds them one by one, as on CPU.
+
+def _gradients_into(grad_fn, leaf: Tensor) -> list:
+    """The graph's nodes that hand `leaf` a gradient, each with the indices of its edges to it."""
+    found, seen, stack = [], set(), [grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        edges = [i for i, (nxt, _) in enumerate(node.next_functions) if getattr(nxt, "variable", None) is leaf]
+        if edges:
+            found.append((node, edges))
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return found
+
+
 @custom_kernel("neuron::rms_norm_backward", cost=_rms_norm_backward_cost, fake=True)
 def rms_norm_backward(grad: Tensor, input: Tensor, normalized_shape: list[int], weight: Tensor | None,
-                      eps: float | None, output_mask: list[bool]) -> tuple[Tensor, Tensor]:
-    """(d input, d weight); an output not asked for in output_mask is an empty tensor."""
-    dx, dw = _vjp(lambda x, w: aten.rms_norm.default.decompose(x, normalized_shape, w, eps),
-                  (input, weight), grad, tuple(output_mask))
-    return (input.new_empty(0) if dx is None else dx), (input.new_empty(0) if dw is None else dw)
+                      eps: float | None, output_mask: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(d input from its first read, d input from its second read, d weight), the reads in the
+    order CPU autograd adds their gradients (Note [RMSNorm's input gradient, use by use]); an
+    output not asked for in output_mask, or a read the composite does not make, is an empty
+    tensor."""
+    with _host_autograd(), torch.enable_grad(), _own_saved_tensors():
+        x = input.detach().requires_grad_(output_mask[0])
+        w = weight.detach().requires_grad_(output_mask[1]) if weight is not None else None
+        out = aten.rms_norm.default.decompose(x, normalized_shape, w, eps)
+        reads = []  # in the order the nodes run: the order CPU's engine adds them
+        if output_mask[0]:
+            for node, edges in _gradients_into(out.grad_fn, x):
+                node.register_hook(lambda grad_inputs, _, edges=edges: reads.extend(grad_inputs[i] for i in edges))
+        wanted = [t for t, n in zip((x, w), output_mask) if n and t is not None]
+        grads = torch.autograd.grad(out, wanted, grad) if wanted else ()  # the reads' gradients land in `reads`
+        dw = grads[-1] if output_mask[1] and w is not None else None
+    if len(reads) > 2:
+        raise AssertionError(f"rms_norm's composite read its input {len(reads)} times; neuron::rms_norm_backward "
+                             "returns at most 2 gradients for it (Note [RMSNorm's input gradient, use by use])")
+    empty = input.new_empty(0)
+    reads += [empty] * (2 - len(reads))
+    return reads[0], reads[1], (empty if dw is None else dw)
 
 
-def _rms_norm_setup(ctx, inputs, output):
-    input, normalized_shape, weight, eps = inputs
-    ctx.save_for_backward(input, weight)
-    ctx.args = (normalized_shape, eps)
+class _RMSNorm(torch.autograd.Function):
+    """aten::rms_norm on neuron: one op each way. The input is passed once per read of the
+    composite, so its gradients reach it one by one (Note [RMSNorm's input gradient, use by
+    use]); the weight first, whose gradient CPU's engine hands out before the input's."""
 
+    @staticmethod
+    def forward(weight, input, input_again, normalized_shape, eps):
+        return rms_norm(input, normalized_shape, weight, eps)
 
-def _rms_norm_grad(ctx, grad):
-    input, weight = ctx.saved_tensors
-    normalized_shape, eps = ctx.args
-    mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
-    dx, dw = rms_norm_backward(grad, input, normalized_shape, weight, eps, mask)
-    return (dx if mask[0] else None), None, (dw if mask[1] else None), None
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # apart from forward: torch.func's transforms need it so
+        weight, input, _, normalized_shape, eps = inputs
+        ctx.save_for_backward(input, weight)
+        ctx.args = (normalized_shape, eps)
 
+    @staticmethod
+    def backward(ctx, grad):
+        input, weight = ctx.saved_tensors
+        normalized_shape, eps = ctx.args
+        mask = [ctx.needs_input_grad[1], weight is not None and ctx.needs_input_grad[0]]
+        first, second, dw = rms_norm_backward(grad, input, normalized_shape, weight, eps, mask)
 
-rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+        def read(t):  # an empty placeholder is not a gradient (an input of that shape is empty too)
+            return t if mask[0] and t.shape == input.shape else None
+        return (dw if mask[1] else None), read(first), read(second), None, None
 
 
 def _rms_norm_kernel(input, normalized_shape, weight=None, eps=None):
     # AutogradPrivateUse1 kernel of aten::rms_norm: the whole norm is one op each way.
+    return _RMSNorm.apply(weight, input, input, list(normalized_shape), eps)
+
+
+def _rms_norm_no_autograd(input, normalized_shape, weight=None, eps=None):
+    # PrivateUse1 kernel: below autograd (inference_mode skips its key), the forward op alone.
     return rms_norm(input, list(normalized_shape), weight, eps)
 
 
@@ -277,4 +335,4 @@ def register(lib: torch.library.Library) -> None:
     """Route aten ops on neuron to the shipped kernels (attention: see attention.py)."""
     lib.impl("rms_norm", _rms_norm_kernel, "AutogradPrivateUse1")
     # inference_mode skips the autograd key: one op below it too.
-    lib.impl("rms_norm", _rms_norm_kernel, "PrivateUse1")
+    lib.impl("rms_norm", _rms_norm_no_autograd, "PrivateUse1")

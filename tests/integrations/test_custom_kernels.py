@@ -414,6 +414,34 @@ def test_rms_norm_is_one_op_each_way_and_matches_cpu_and_the_composite(case, eag
         assert torch.equal(a.cpu(), b)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
+def test_rms_norm_beside_its_input_gives_the_input_cpus_gradient(mode, dtype, weight):
+    """x + rms_norm(x): x's gradient is the residual's plus one per read of x in the norm, added
+    one by one as CPU autograd adds them (Note [RMSNorm's input gradient, use by use]); their
+    sum handed over at once was 1 ulp off in float32 and float64. bfloat16's norm reads an
+    upcast copy, once."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 16, generator=g).to(dtype)
+    w = torch.randn(16, generator=g).to(dtype) if weight else None
+
+    def grads(device):
+        xd = x.to(device, copy=True).requires_grad_()
+        wd = w.to(device, copy=True).requires_grad_() if weight else None
+        (xd + F.rms_norm(xd, (16,), wd)).float().square().sum().backward()
+        return [t.grad for t in (xd, wd) if t is not None]
+
+    expected = grads("cpu")
+    with adaptive_eager.mode(mode):
+        adaptive_eager.reset_stats()
+        for _ in range(6):  # adaptive: also replayed in a fused trace
+            for a, b in zip(expected, grads("neuron")):
+                assert torch.equal(b.cpu(), a), f"{(b.cpu() - a).abs().max()} from CPU's"
+        if mode == "adaptive":
+            assert adaptive_eager.stats().trace_hits > 0, "no replay: the fused trace went unchecked"
+
+
 def test_rms_norm_gradient_for_the_weight_alone(eager):
     x, w = torch.randn(3, 8), torch.randn(8, requires_grad=True)
     xn, wn = x.to("neuron"), w.detach().to("neuron").requires_grad_()
