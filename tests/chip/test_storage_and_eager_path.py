@@ -235,20 +235,49 @@ def test_random_ops_draw_from_the_devices_generator_in_cpus_order():
         x = torch.ones(32, device=device)
         return [torch.randn(5, device=device), torch.rand(3, device=device).bernoulli(),
                 torch.empty(4, device=device).normal_(), torch.randperm(6, device=device),
-                # F.dropout takes native_dropout on any accelerator (CUDA too), a CPU kernel
-                *torch.native_dropout(x, 0.5, True)]
+                *torch.native_dropout(x, 0.5, True)]  # called by name: CPU's kernel on neuron too
 
     for a, b in zip(draws("cpu"), draws(NEURON)):
         assert torch.equal(a, b.cpu())
-    torch.manual_seed(7)
-    dropped = torch.nn.functional.dropout(torch.ones(32, device=NEURON), 0.5)
-    torch.manual_seed(7)
-    assert torch.equal(dropped.cpu(), torch.native_dropout(torch.ones(32), 0.5, True)[0])
     torch.manual_seed(7)
     first = torch.randn(5, device=NEURON)
     torch.randn(100)  # CPU draws in between do not move the device's generator
     torch.neuron.manual_seed(7)
     assert torch.equal(torch.randn(5, device=NEURON).cpu(), first.cpu())
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_dropout_gives_cpus_bits_for_every_p_forward_and_backward_and_draws_in_cpus_order(mode):
+    """Note [Dropout takes CPU's path]: torch sends F.dropout on any accelerator to native_dropout,
+    which scales by a rounded 1 / (1 - p) where CPU divides its noise by 1 - p; 15 of these 99
+    values of p (0.04, 0.09, 0.15, ...) gave other last bits, forward and backward."""
+    adaptive_eager.set_mode(mode)
+
+    def run(device, p):
+        torch.manual_seed(5)
+        x = (torch.arange(256.0) / 7).to(device).requires_grad_()
+        y = torch.nn.functional.dropout(x, p)
+        (y * torch.arange(256.0, device=device)).sum().backward()
+        return y.detach().cpu(), x.grad.cpu(), torch.rand(4, device=device).cpu()  # the stream after
+
+    differ = [p for p in (i / 100 for i in range(1, 100))
+              if not all(torch.equal(a, b) for a, b in zip(run("cpu", p), run(NEURON, p)))]
+    assert differ == []
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_dropout_of_a_transposed_input_under_inference_mode_gives_cpus_bits(mode):
+    # inference_mode reaches the PrivateUse1 key, below autograd's: the same path there.
+    adaptive_eager.set_mode(mode)
+
+    def run(device):
+        torch.manual_seed(5)
+        x = (torch.arange(96.0) / 7).to(device).view(8, 12).t()
+        with torch.inference_mode():
+            return torch.nn.functional.dropout(x, 0.04).cpu(), torch.nn.Dropout(0.09)(x).cpu()
+
+    for a, b in zip(run("cpu"), run(NEURON)):
+        assert torch.equal(a, b) and a.stride() == b.stride()
 
 
 def test_a_neuron_generator_drives_the_eager_path_as_a_cpu_one_drives_cpu():

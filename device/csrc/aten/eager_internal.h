@@ -10,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/Storage.h>
+#include <torch/library.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -76,6 +77,9 @@ struct DefaultGeneratorLent {
 // from; an op without one that draws gets torch's default lent (kept until the kernel returns).
 std::unique_ptr<DefaultGeneratorLent> lend_generator(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                                      size_t first, int generator_arg, c10::DeviceIndex d);
+
+// -- dropout.cpp: aten::dropout computes CPU's arithmetic (Note [Dropout takes CPU's path]) --
+void register_cpu_dropout(std::vector<std::unique_ptr<torch::Library>>& libraries);
 
 // -- kernels.cpp: the kernels every backend must have, registered by registration.cpp ------
 at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,

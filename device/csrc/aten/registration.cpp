@@ -1,7 +1,8 @@
 // Registration of the eager path: install_eager sets the cost model's figures (pricing.cpp)
 // and registers, at PrivateUse1, kernels.cpp's kernels, the fallback (run_on_host.cpp) for
-// every other op, and the kernels that send an op to the fallback whole (Note [CPU kernels
-// whole]). The libraries that hold the registrations live as long as the process.
+// every other op, the kernels that send an op to the fallback whole (Note [CPU kernels
+// whole]), and dropout's (Note [Dropout takes CPU's path] in dropout.cpp). The libraries
+// that hold the registrations live as long as the process.
 #include "aten/eager_internal.h"
 
 #include <ATen/native/transformers/attention.h>
@@ -117,7 +118,8 @@ void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std
   aten->impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   register_cpu_kernels_whole(*aten);
   refuse_sparse_and_nested(g_libraries);
-  register_autograd_layouts(g_libraries);
+  register_autograd_layouts(g_libraries);  // Note [Backward formulas that pick a layout by device]
+  register_cpu_dropout(g_libraries);  // Note [Dropout takes CPU's path]
   // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose
   // gloo rejects neuron tensors. Run on the host aliases, c10d's CPU kernels hand gloo the
   // device's bytes: gloo reads and writes them in place, async work included.
