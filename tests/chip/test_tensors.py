@@ -42,6 +42,50 @@ def test_empty_has_the_requested_metadata_and_device():
     assert (t.shape, t.dtype, t.device) == ((2, 3), torch.float16, torch.device("neuron:1"))
 
 
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for the test, the settings restored after."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    torch.utils.deterministic.fill_uninitialized_memory = previous[2]
+
+
+EMPTIES = {
+    "empty": lambda d: torch.empty(3, 4, device=d),
+    "empty-int32": lambda d: torch.empty(5, dtype=torch.int32, device=d),
+    "empty-bfloat16": lambda d: torch.empty(5, dtype=torch.bfloat16, device=d),
+    "empty-complex64": lambda d: torch.empty(3, dtype=torch.complex64, device=d),
+    "empty_like": lambda d: torch.empty_like(torch.ones(2, 3, device=d).t()),
+    "empty_strided": lambda d: torch.empty_strided((2, 3), (1, 2), dtype=torch.int64, device=d),
+    "new_empty": lambda d: torch.ones(2, device=d).new_empty(6),
+    "new_empty_strided": lambda d: torch.ones(2, device=d).new_empty_strided((2, 2), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_empty_tensors_under_deterministic_algorithms_are_filled_as_on_cpu(deterministic, mode):
+    # Note [Deterministic empty]: NaN for floating and complex dtypes, the largest integer else;
+    # neuron returned leftover bytes. Four rounds: adaptive mode records, detects and replays.
+    adaptive_eager.set_mode(mode)
+    for _ in range(4):
+        torch.full((64,), 5.0, device="neuron").add_(1)  # bytes left over for the next allocations
+        for name, make in EMPTIES.items():
+            expected, got = make("cpu"), make("neuron")
+            assert got.stride() == expected.stride(), name
+            torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_empty_under_deterministic_algorithms_fills_nothing_when_the_fill_is_turned_off(deterministic):
+    # 64 MiB: beyond malloc's largest mmap threshold, so unfilled bytes are fresh pages, zeros.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    assert not torch.empty(16 << 20, device="neuron").isnan().any().item()  # as CPU: left as they were
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    assert torch.empty(16 << 20, device="neuron").isnan().all().item()
+
+
 @pytest.mark.parametrize("draw", [
     lambda: torch.rand(4, device="neuron"),
     lambda: torch.randn(4, device="neuron"),

@@ -5,6 +5,7 @@
 // (run_on_host.cpp).
 #include "aten/eager_internal.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
@@ -20,7 +21,9 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <typeinfo>
@@ -38,6 +41,41 @@ void check_dense_unpinned(c10::optional<at::Layout> layout, c10::optional<bool> 
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
 }
 
+// Note [Deterministic empty]: under torch.use_deterministic_algorithms(True) with
+// torch.utils.deterministic.fill_uninitialized_memory (on by default), every backend's empty
+// and empty_strided kernel (CPU's, CUDA's, MPS's) fills the new tensor: NaN for floating and
+// complex dtypes, the largest value for integers and bool (ATen's fill_empty_deterministic_).
+// So must neuron's, or torch.empty, empty_like, new_empty and whatever is built on them return
+// leftover bytes where CPU returns NaN. The fill is no op of the device's, though CPU's is a
+// fill_ kernel: the allocating thread writes the value over the new bytes, as a runtime that
+// clears what it allocates. An op would reach the adaptive engine, and every `.to('neuron')`
+// (an empty_strided, then a copy into it) would find its destination held by a queued fill
+// and cut the trace as a host read (HF Qwen3-MoE under deterministic algorithms went from one
+// launch a step to 31), and every allocation would cost a launch in eager mode. The bytes are
+// fresh (nothing queued holds them), so writing them now is safe; the value is computed by
+// CPU's own fill_empty_deterministic_ on one host element, then repeated over the storage
+// (serially, memcpy doubling: no OpenMP team on the allocating thread), over the whole
+// storage: the gaps of an empty_strided too, which CPU leaves uninitialised.
+// When the setting is off, the check is two flag reads.
+void fill_if_deterministic(const at::Tensor& t) {
+  if (C10_LIKELY(!at::globalContext().deterministicAlgorithms() ||
+                 !at::globalContext().deterministicFillUninitializedMemory())) {
+    return;
+  }
+  const size_t nbytes = t.storage().nbytes();
+  const size_t itemsize = t.dtype().itemsize();
+  if (nbytes == 0 || itemsize == 0) {
+    return;
+  }
+  at::Tensor value = at::detail::empty_cpu({}, t.scalar_type(), c10::nullopt, c10::nullopt, c10::nullopt, c10::nullopt);
+  at::native::fill_empty_deterministic_(value);
+  auto* bytes = static_cast<char*>(t.storage().mutable_data());
+  std::memcpy(bytes, value.const_data_ptr(), itemsize);
+  for (size_t filled = itemsize; filled < nbytes; filled *= 2) {
+    std::memcpy(bytes + filled, bytes, std::min(filled, nbytes - filled));
+  }
+}
+
 }  // namespace
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
@@ -48,6 +86,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarTy
   at::Tensor t = at::detail::empty_generic(size, c10::GetAllocator(kNeuron), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype), memory_format);
   note_fresh_storage(t.storage());
+  fill_if_deterministic(t);  // Note [Deterministic empty]
   return t;
 }
 
@@ -60,6 +99,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, c10::op
                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                    c10::dtype_or_default(dtype));
   note_fresh_storage(t.storage());
+  fill_if_deterministic(t);  // Note [Deterministic empty]
   return t;
 }
 
