@@ -68,6 +68,21 @@ const at::Tensor* wrapped_number(const IValue& v, at::ScalarType type) {
   return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == type ? &t : nullptr;
 }
 
+// The tensor Python sees in v (not a number the dispatcher wrapped), or null.
+const at::Tensor* tensor_of(const IValue& v) {
+  if (!v.isTensor()) {
+    return nullptr;
+  }
+  const at::Tensor& t = v.toTensor();
+  return t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number() ? &t : nullptr;
+}
+
+// A tensor guard's device index: the neuron index, -1 on the CPU, -2 elsewhere.
+int64_t device_index_of(const at::Tensor& t) {
+  const c10::Device d = t.device();
+  return d.type() == kNeuron ? d.index() : (d.is_cpu() ? -1 : -2);
+}
+
 bool fits(const Guard::IntSpec& spec, int64_t x, int64_t* syms) {
   if (spec.sym < 0) {
     return x == spec.value;
@@ -82,31 +97,23 @@ bool fits(const Guard::IntSpec& spec, int64_t x, int64_t* syms) {
 bool matches_value(const Guard& g, const IValue& v, int64_t* syms) {
   switch (g.kind) {
     case Guard::kTensor: {
-      if (!v.isTensor()) {
+      const at::Tensor* tensor = tensor_of(v);  // a wrapped number: Python sees a number
+      if (tensor == nullptr) {
         return false;
       }
-      const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) {  // Python sees a number
-        return false;
-      }
-      const c10::Device d = t.device();
-      const int64_t index = d.type() == kNeuron ? d.index() : (d.is_cpu() ? -1 : -2);
-      return index == g.device_index && t.scalar_type() == static_cast<at::ScalarType>(g.value) &&
+      const at::Tensor& t = *tensor;
+      return device_index_of(t) == g.device_index && t.scalar_type() == static_cast<at::ScalarType>(g.value) &&
              t.sizes() == c10::IntArrayRef(g.sizes) && t.strides() == c10::IntArrayRef(g.strides) &&
              t.storage_offset() == g.offset;
     }
     case Guard::kGenericTensor: {
-      if (!v.isTensor()) {
+      const at::Tensor* tensor = tensor_of(v);
+      if (tensor == nullptr) {
         return false;
       }
-      const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) {
-        return false;
-      }
-      const c10::Device d = t.device();
-      const int64_t index = d.type() == kNeuron ? d.index() : (d.is_cpu() ? -1 : -2);
+      const at::Tensor& t = *tensor;
       const size_t rank = (g.ints.size() - 1) / 2;
-      if (index != g.device_index || t.scalar_type() != static_cast<at::ScalarType>(g.value) ||
+      if (device_index_of(t) != g.device_index || t.scalar_type() != static_cast<at::ScalarType>(g.value) ||
           static_cast<size_t>(t.dim()) != rank) {
         return false;
       }

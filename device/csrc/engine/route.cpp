@@ -207,6 +207,7 @@ Answer read_answer(py::object out) {
 struct GuardTable {
   std::vector<std::shared_ptr<const neuron::PositionGuards>> guards;  // per trace position
   std::vector<std::shared_ptr<const neuron::DeferPlan>> plans;
+  int32_t nsyms = 0;  // the most symbols a position names (Note [Generic guards]): checked once per arming
 };
 
 struct Armed {
@@ -527,6 +528,9 @@ void bind_route(py::module_& m) {
              auto table = std::make_shared<GuardTable>();
              table->guards.assign(guards.begin(), guards.end());
              table->plans.assign(plans.begin(), plans.end());
+             for (const auto& g : guards) {
+               table->nsyms = std::max(table->nsyms, g->nsyms);
+             }
              return table;
            }),
            "a trace's positions for armed matching (Note [Armed matching])");
@@ -537,10 +541,8 @@ void bind_route(py::module_& m) {
     TORCH_CHECK(pos < stop && stop <= table->guards.size() && (!wrap || stop == table->guards.size()),
                 "adaptive engine bug: arming [", pos, ", ", stop, ")");
     TORCH_CHECK(!wrap || syms.empty(), "adaptive engine bug: a generic trace's rounds would start with its symbols bound");
-    for (size_t k = pos; k < stop; ++k) {
-      TORCH_CHECK(table->guards[k]->nsyms <= static_cast<int32_t>(syms.size()), "adaptive engine bug: position ", k,
-                  " names ", table->guards[k]->nsyms, " symbols, the match has ", syms.size());
-    }
+    TORCH_CHECK(table->nsyms <= static_cast<int32_t>(syms.size()), "adaptive engine bug: the trace names ", table->nsyms,
+                " symbols, the match has ", syms.size());
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.generation = generation;
     g_armed.table = std::move(table);
