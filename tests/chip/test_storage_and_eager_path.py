@@ -325,6 +325,23 @@ def test_an_out_argument_of_the_wrong_size_is_resized_as_on_cpu():
     assert out.shape == (2, 3) and torch.equal(out.cpu(), torch.arange(6.0).view(2, 3) * 2)
 
 
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_an_out_argument_that_is_its_input_too_is_resized_with_it_as_on_cpu(mode):
+    # Note [One tensor, one alias]: on CPU, torch.sum(a, 0, out=a) resizes a, its input too,
+    # before reducing (torch warns): zeros. Neuron gave each argument a host tensor of its own,
+    # and the real sum.
+    adaptive_eager.set_mode(mode)
+    seen = []
+    for device in ("cpu", NEURON):
+        a = torch.arange(12.0, device=device).reshape(3, 4)
+        with pytest.warns(UserWarning, match="was resized"):
+            result = torch.sum(a, 0, out=a)
+        assert result is a
+        whole = torch.tensor([], device=device).set_(a.untyped_storage()).cpu()  # the bytes past a too
+        seen.append((a.shape, a.stride(), a.cpu().tolist(), whole.tolist()))
+    assert seen[1] == seen[0]
+
+
 def test_map_location_neuron_loads_a_cpu_checkpoint_onto_the_device():
     """Once a footgun (the wrapper kept such tensors on the host): a real storage moves to
     the device, as with 'cuda'."""

@@ -1,7 +1,8 @@
 // Note [Host aliases]: a neuron tensor's bytes are host memory from the neuron allocator
 // (memory.cpp). To run an op, each neuron argument is replaced by a CPU tensor that aliases
-// those bytes (same sizes, strides, offset and math bits; its storage owns nothing), the
-// op's CPU kernel runs, and each result is mapped back:
+// those bytes (same sizes, strides, offset and math bits; its storage owns nothing; one per
+// tensor: Note [One tensor, one alias] in run_on_host.cpp), the op's CPU kernel runs, and
+// each result is mapped back:
 //   - a result whose storage is an alias's storage is a view: a neuron tensor on the
 //     original storage, with the result's geometry;
 //   - a written argument (in-place, out=) is returned as the very input; if the kernel

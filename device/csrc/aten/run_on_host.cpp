@@ -102,7 +102,8 @@ struct HostCall {
   using Original = std::pair<const c10::TensorImpl*, at::Tensor>;
   std::vector<Original> originals;
   Index<const c10::TensorImpl*> by_alias;
-  std::vector<at::Tensor> aliases;  // the host aliases, in argument order
+  Index<const c10::TensorImpl*> by_original;
+  std::vector<at::Tensor> aliases;  // the host aliases, in argument order (originals' order too)
 
   // The entry of storages whose neuron storage holds these bytes (same_bytes), or npos.
   size_t storage_with_bytes(const c10::Storage& s) {
@@ -112,6 +113,13 @@ struct HostCall {
   size_t storage_with_host(const c10::Storage& host) {
     return by_host.find(storages, static_cast<const c10::StorageImpl*>(host.unsafeGetStorageImpl()),
                         [](const StoragePair& p) { return static_cast<const c10::StorageImpl*>(p.first.unsafeGetStorageImpl()); });
+  }
+
+  // The host alias an earlier argument that is this very tensor got, or undefined.
+  at::Tensor alias_given_to(const at::Tensor& t) {
+    const size_t i = by_original.find(originals, static_cast<const c10::TensorImpl*>(t.unsafeGetTensorImpl()),
+                                      [](const Original& o) { return static_cast<const c10::TensorImpl*>(o.second.unsafeGetTensorImpl()); });
+    return i == Index<const c10::TensorImpl*>::npos ? at::Tensor() : aliases[i];
   }
 
   at::Tensor* original_of(const at::Tensor& alias) {
@@ -146,13 +154,20 @@ struct HostCall {
     }
     in_bytes += static_cast<double>(t.numel()) * t.element_size();
     in_elements += static_cast<double>(t.numel());
-    at::Tensor alias;
-    const size_t same = storage_with_bytes(t.storage());
-    if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias
-      alias = host_alias_on(storages[same].first, t);
-    } else {
-      alias = host_alias(t);
-      storages.emplace_back(alias.storage(), t.storage());
+    // Note [One tensor, one alias]: a tensor passed twice is one host tensor twice, as CPU's
+    // kernel sees one TensorImpl twice. It matters where a kernel changes an argument's
+    // geometry: torch.sum(a, 0, out=a) resizes its output, and with it, on CPU, its input
+    // (before reducing: the result is zeros, where a second alias kept the input whole and
+    // gave the real sum). Storage identity alone (below) cannot say so.
+    at::Tensor alias = alias_given_to(t);
+    if (!alias.defined()) {
+      const size_t same = storage_with_bytes(t.storage());
+      if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias storage
+        alias = host_alias_on(storages[same].first, t);
+      } else {
+        alias = host_alias(t);
+        storages.emplace_back(alias.storage(), t.storage());
+      }
     }
     originals.emplace_back(alias.unsafeGetTensorImpl(), t);
     aliases.push_back(alias);
