@@ -34,6 +34,11 @@ class Executor:
     def drain(self) -> None:
         """Wait for launches already issued (on the device stream) to finish; launch nothing."""
 
+    def settle_before_fork(self) -> None:
+        """Before the process forks: nothing may be on its way to the device, whose executor
+        the child does not have. Errors stay for the next sync point."""
+        self.drain()
+
 
 class EagerExecutor(Executor):
     """Op by op: every op is one launch the moment it is issued (nothing is held back)."""

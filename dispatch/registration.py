@@ -84,7 +84,7 @@ def register() -> None:
         # the interpreter exits, nor be in flight when the process forks (the child has no worker).
         atexit.register(_settle_autograd_device_threads)  # atexit runs last-in first: after the wait
         atexit.register(_wait_for_executor)
-        os.register_at_fork(before=_wait_for_executor)
+        os.register_at_fork(before=_settle_before_fork)
         CONTEXT.runtime = runtime  # last: marks registration complete
 
 
@@ -100,6 +100,10 @@ def _drain_executor(device_index):
 
 def _wait_for_executor():
     CONTEXT.executor.drain()
+
+
+def _settle_before_fork():
+    CONTEXT.executor.settle_before_fork()
 
 
 def _settle_autograd_device_threads():

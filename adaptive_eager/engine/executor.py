@@ -390,6 +390,12 @@ class AdaptiveExecutor(Executor):
         with self._lock:
             self._drain()
 
+    def settle_before_fork(self) -> None:
+        """A streamed launch still open (Note [Streamed launches]) runs on an executor the
+        child will not have: it is launched, as at a sync point, and everything waited for."""
+        with self._lock:
+            self._flush("fork")
+
     def catch_up(self) -> None:
         """Count what the route matched and launched in C++ since it was armed (Note [Armed
         rounds]): stats() reads the counters after this."""
@@ -568,9 +574,12 @@ class AdaptiveExecutor(Executor):
             return _NO_MATCH
         k = p.pos
         prefix = p.trace.key.parts[:k]
+        streamed = native.queue_streamed()
         for trace in self.cache.by_start.get(p.trace.protos[0].signature, ()):
             if (trace is p.trace or len(trace) <= k or trace.protos[k].signature != rec.signature
                     or trace.key.parts[:k] != prefix):
+                continue
+            if streamed and not _may_use_stream(trace):  # its random ops must run on the host
                 continue
             old = p.trace
             p.switch(trace)
@@ -652,6 +661,15 @@ class AdaptiveExecutor(Executor):
         p.positions.append(position)
         if p.trace.sources[p.pos] is None:
             p.trace.sources[p.pos] = user_source_line() or "(autograd engine)"
+        if p.pos == 0 and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
+            # Note [Streamed launches] (csrc/engine/queue.cpp): on the device as it is issued,
+            # if there is room on the stream once what has ended is collected (no wait here:
+            # else it is submitted whole at its end, as before).
+            while native.launches_in_flight() >= native.STREAM_DEPTH and native.oldest_launch_ended():
+                self._collect_oldest()
+            native.stream_next(True)
+        elif p.pos == 0:
+            native.stream_next(False)
         p.pos += 1
         if p.complete:  # launched once the route has queued this last op
             return proto.plan, lambda: self._after_last_op(p)
@@ -767,6 +785,19 @@ class AdaptiveExecutor(Executor):
 
     # -- launching ----------------------------------------------------------------------------
     def _launch(self, p: Pending) -> None:
+        if native.queue_streamed():  # on the stream since its first op: Note [Streamed launches]
+            n = p.pos - p.done
+            native.submit_queue()  # seals it
+            self.inflight.append(p)
+            p.done = p.pos
+            self.counters.fused_launches += 1
+            self.counters.fused_ops += n
+            self.counters.stream_launches += 1
+            if not p.complete:  # a prefix, launched as run_queue would: its error ends the match
+                self._drain()
+                if self.error is not None:
+                    self._stop_matching()
+            return
         if p.done == 0 and p.complete and stream.enabled() and _may_use_stream(p.trace) and not profiler_enabled():
             # Up to STREAM_DEPTH launches on the stream, which runs them in order.
             while native.launches_in_flight() >= native.STREAM_DEPTH:

@@ -125,13 +125,21 @@ void mark_device_thread();  // the device stream's worker: it takes the count pe
 bool on_device_thread();  // the calling thread is the executor
 // Runs job on the executor after everything posted before it; the caller goes on. An error it
 // raises waits for the next wait_for_device.
-void post_to_device(std::function<void()> job);
+uint64_t post_to_device(std::function<void()> job);  // returns its ticket (jobs are numbered from 0)
 // Runs job on the executor after everything posted before it, with the caller's thread-local
 // state, and waits for it (without the GIL); raises what it raised. Inline on the executor.
 void run_on_device(const std::function<void()>& job);
 // Waits for every job posted so far (without the GIL), then raises the first error of a job
 // no one waited for, once. Nothing on the executor itself.
 void wait_for_device();
+// engine/queue.cpp's answers for a host thread about to wait for the executor (Note [Streamed
+// launches]): before_run (its own job, posted behind everything) seals a streamed launch
+// still open; wait_limit(last) gives the last job a wait for the device's work waits for
+// (the one before a streamed launch still open, which waits for its host).
+void set_device_wait_hooks(void (*before_run)(), uint64_t (*wait_limit)(uint64_t last));
+// Runs fn without the GIL if the calling thread holds it: for a wait on a lock the executor
+// may hold while it runs a Python kernel (which takes the GIL).
+void without_python(const std::function<void()>& fn);
 void note_device_error(std::exception_ptr error);  // the first one waits for wait_for_device
 bool device_idle();  // every posted job has run
 // Frees the calling thread's OpenMP team, if it has one and no region is open (Note [The
@@ -180,6 +188,25 @@ double elapsed_ms(void* start, void* end);
 double launch(c10::DeviceIndex d, double op_us, int64_t num_ops);
 // The accounting alone, with the given overhead, spending nothing (Python spends it itself).
 double account_launch(c10::DeviceIndex d, double overhead_us, double op_us, int64_t num_ops);
+// on_chip.cpp, Note [On-chip intermediates] (device/cost.py): what stays on chip of the op now
+// running in a fused launch, for the first launch it makes (which takes it: nothing after, and
+// outside a queued launch's op).
+struct OnChipShare {
+  double bytes = 0;  // left out of its HBM traffic
+  bool folded = false;  // a cast done by a neighbouring instruction: no Vector pass of its own
+};
+// An op's price in a streamed launch (Note [Streamed launches] in engine/queue.cpp), kept as
+// its roofline's terms until the launch's on-chip plan exists; or a price already worked out
+// (a Python kernel's), kept to add it in the same order.
+struct DeferredPrice {
+  int64_t entry;  // the launch's entry whose op made it
+  bool roofline;
+  std::string name;
+  double flops, nbytes, elements;
+  at::ScalarType dtype;
+  double op_us;  // !roofline: the price
+  int64_t num_ops;
+};
 // While one lives, the launches its thread makes are the ops of one launch, accounted (and
 // its overhead spent) when it ends: a fused launch of the adaptive engine (queue.cpp).
 struct FusedLaunch {
@@ -194,7 +221,15 @@ struct FusedLaunch {
   // >= 0: a launch handed to the device stream, whose launch and this many ops
   // issue_launch already counted; its end charges the device time and settles the ops.
   int64_t issued_ops = -1;
+  // Note [Streamed launches]: while set, ops' prices wait here (DeferredPrice) for
+  // settle_deferred_prices, and `entry` names the entry whose op runs.
+  std::vector<DeferredPrice>* deferred = nullptr;
+  int64_t entry = -1;
 };
+// Works out a streamed launch's deferred prices in the order they were made, each entry's
+// on-chip share (share(entry)) going to its first roofline, as take_on_chip gives it
+// (aten/pricing.cpp); adds them to the launch and the op log.
+void settle_deferred_prices(FusedLaunch& launch, const std::function<OnChipShare(int64_t)>& share);
 // The fused launch the calling thread is inside, or nullptr; while a FusedLaunchOnThread
 // lives, its thread's ops join `launch` (a host waiting on the executor lends it its own).
 FusedLaunch* current_fused_launch();
@@ -208,13 +243,7 @@ struct FusedLaunchOnThread {
 // A launch handed to the device stream counts as issued at once (stats(wait=False) sees
 // it); its device time is charged when it ends (FusedLaunch::issued_ops).
 void issue_launch(c10::DeviceIndex d, int64_t num_ops);
-// on_chip.cpp, Note [On-chip intermediates] (device/cost.py): what stays on chip of the op now
-// running in a fused launch, for the first launch it makes (which takes it: nothing after, and
-// outside a queued launch's op).
-struct OnChipShare {
-  double bytes = 0;  // left out of its HBM traffic
-  bool folded = false;  // a cast done by a neighbouring instruction: no Vector pass of its own
-};
+// The running entry's OnChipShare, for the first launch its op makes (which takes it).
 OnChipShare take_on_chip();
 // An empty tensor's new storage (aten/kernels.cpp's factories): while ops are queued, its first
 // queued writer makes a value of the launch.
@@ -402,13 +431,25 @@ int64_t queued_ops(c10::DeviceIndex device);
 // Runs the queue as one launch; returns how many ops ran. On an op's error, raises it after
 // dropping the ops after it; failed_index() then says which entry failed.
 int64_t run_queue();
-// Runs the queue on the device stream instead (Note [The device stream]); false if empty.
+// Runs the queue on the device stream instead (Note [The device stream]); false if empty. A
+// streamed queue (Note [Streamed launches]) is sealed: it is on the stream already.
 bool submit_queue();
+// Whether the next launch opened (by the next op queued into an empty queue) is streamed.
+void stream_next(bool stream);
+// Runs job on the executor between the entries of the streamed launch now open, and waits for
+// it: for work that touches nothing of that launch (a transfer into bytes only its tensor
+// holds). False, running nothing, if no streamed launch is open.
+bool run_beside_streamed_launch(const std::function<void()>& job);
+bool queue_streamed();  // the queue is a streamed launch, running as it is issued
+int64_t forced_seals();  // streamed launches sealed by a wait the engine did not see coming
+void set_streamed_launches(bool on);  // off: every launch is submitted whole (tests, diagnosis)
+int64_t streamed_launches();  // streamed launches opened, all told
 // Launches the engine keeps on the device stream at once (Note [The device stream]).
 constexpr int64_t kStreamDepth = 2;
 int64_t launches_in_flight();  // submitted, their outcomes not yet collected
 bool launch_in_flight();
 bool launch_finished();  // every launch on the stream has ended (its host has not collected them yet)
+bool oldest_launch_ended();  // the oldest launch not collected has ended: collecting it waits for nothing
 // Waits for the oldest launch on the stream; returns how many ops ran, or raises the failing
 // op's error as run_queue does (failed_index() then says which). 0 if none is in flight.
 int64_t finish_launch();

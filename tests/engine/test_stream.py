@@ -1,6 +1,8 @@
 """Fused launches on the device stream: the launch runs on a worker thread beside the host,
 and nothing the user can see differs from a launch on the issuing thread: values, errors,
 memory, the RNG, exit and fork (Note [The device stream] in device/csrc/engine/queue.cpp)."""
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -274,3 +276,113 @@ def test_stats_without_waiting_count_the_launch_on_the_device_stream_as_issued()
         assert (issued.launches, issued.ops) == (done.launches, done.ops)
     assert done.stream_launches > 0
     assert in_flight > 0  # the counts above were read with a launch running
+
+
+# -- Note [Streamed launches] (device/csrc/engine/queue.cpp): a launch on the stream from its
+# first op, running while its trace is still being issued.
+
+def _streamed_loop(streamed, mid_step=None, steps=12):
+    """An MLP training loop in adaptive mode, its launches streamed or submitted whole;
+    mid_step(i) runs in the middle of each step (between forward and backward)."""
+    from adaptive_eager.mode import SWITCH
+
+    SWITCH.adaptive.reset()  # an engine that has seen nothing: each run detects its own traces
+    native.set_streamed_launches(streamed)
+    gc.collect()  # what earlier tests left must not be freed during the run
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 10)).to("neuron")
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(16, 32, generator=g).to("neuron"), torch.randint(0, 10, (16,), generator=g).to("neuron")
+        adaptive_eager.reset_stats()
+        opened, forced = native.streamed_launches(), native.forced_seals()
+        losses, per_step, seen_open = [], [], 0
+        for i in range(steps):
+            before = adaptive_eager.stats(wait=False).launches
+            loss = F.cross_entropy(net(x), y)
+            if mid_step is not None:
+                seen_open += native.queue_streamed()
+                mid_step(i)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            per_step.append(adaptive_eager.stats(wait=False).launches - before)
+        params = [p.detach().cpu() for p in net.parameters()]
+        stats = adaptive_eager.stats()
+        return dict(losses=[l.cpu() for l in losses], params=params, stats=stats, per_step=per_step,
+                    opened=native.streamed_launches() - opened, forced=native.forced_seals() - forced,
+                    seen_open=seen_open, peak=torch.neuron.max_memory_allocated() - base)
+    finally:
+        native.set_streamed_launches(True)
+
+
+def test_a_streamed_launch_has_the_bits_memory_and_modelled_time_of_one_submitted_whole():
+    streamed, whole = _streamed_loop(True), _streamed_loop(False)
+    assert streamed["opened"] >= 6 and whole["opened"] == 0  # else the test could not fail
+    eager = _mlp_like_eager()
+    assert _same(streamed, whole) and _same(streamed, eager)
+    # One launch on the clock, priced from its whole on-chip plan either way.
+    s, w = streamed["stats"], whole["stats"]
+    assert (s.launches, s.ops, s.fused_launches) == (w.launches, w.ops, w.fused_launches)
+    assert s.device_time_us == w.device_time_us
+    assert streamed["peak"] == whole["peak"] == eager["peak"]
+    assert streamed["forced"] == 0
+
+
+def _mlp_like_eager():
+    previous = adaptive_eager.get_mode()
+    adaptive_eager.set_mode("eager")
+    try:
+        return _streamed_loop(True)
+    finally:
+        adaptive_eager.set_mode(previous)
+
+
+def test_work_in_the_middle_of_a_streamed_step_neither_waits_for_it_nor_splits_it():
+    """A tensor made from host data in the middle of a step (HF code does it for masks and
+    ids) is a transfer into bytes only it holds: it runs between the streamed launch's ops.
+    Reading the device's counters (stats(), which waits for launches already issued) waits
+    for what is ahead of it and launches nothing held back. Either one waiting for the open
+    launch would never return; sealing it would split the step."""
+    made = []
+
+    def mid_step(i):
+        made.append(torch.tensor([float(i), 2.0], device="neuron"))
+        adaptive_eager.stats()
+
+    streamed = _streamed_loop(True, mid_step)
+    whole = _streamed_loop(False, mid_step)
+    assert streamed["seen_open"] >= 6  # the step's launch was open at that point
+    assert streamed["per_step"][-4:] == whole["per_step"][-4:] == [1] * 4
+    assert streamed["forced"] == 0
+    assert _same(streamed, whole)
+    assert [t.cpu().tolist() for t in made[:3]] == [[0.0, 2.0], [1.0, 2.0], [2.0, 2.0]]
+
+
+def test_a_fork_in_the_middle_of_a_streamed_step_launches_it_first_and_the_child_computes():
+    out = run_json("""
+        import os, torch, adaptive_eager
+        from adaptive_eager.device import native
+        x = torch.ones(64, 64).to('neuron')
+        def step(x):
+            return torch.tanh(x @ x * 0.001 + 0.1)
+        for i in range(12):
+            x = step(x)
+            x.sum().item()
+        y = x @ x  # the next step's first op: a streamed launch opens
+        was_open = native.queue_streamed()
+        pid = os.fork()  # launches it first: the child has no executor running it
+        if pid == 0:
+            torch.set_num_threads(1)
+            z = torch.tanh(y * 0.001 + 0.1)
+            os._exit(0 if torch.isfinite(z.cpu()).all() else 1)
+        _, status = os.waitpid(pid, 0)
+        emit({'was_open': was_open, 'child': os.waitstatus_to_exitcode(status),
+              'y': torch.equal(y.cpu(), x.cpu() @ x.cpu()), 'forced': native.forced_seals()})
+    """, env={"NEURON_ASYNC_LAUNCH": "1"})
+    assert out == {"was_open": True, "child": 0, "y": True, "forced": 0}

@@ -189,6 +189,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // all (`torch.tensor([], device='neuron')`, as HF's DynamicCache makes per layer and
     // step), waits for nothing, and is no sync point.
     sync_before_host_access();
+  } else if (!on_device_thread() && run_beside_streamed_launch([&] { copy_now(self, dst, non_blocking); })) {
+    // Nor does it wait for a launch the engine streams (Note [Streamed launches] in
+    // engine/queue.cpp): it runs between that launch's ops, which the host is still issuing.
+    return dst;
   }
   if (!on_device_thread()) {
     // A transfer is the device's DMA: on the executor, while the host waits (a copy from

@@ -200,6 +200,11 @@ double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in
 // [On-chip intermediates] in device/cost.py), and in the op log; its time, as launch() gives it.
 double launch_op(c10::DeviceIndex d, const std::string& name, double flops, double nbytes, double elements,
                  at::ScalarType dtype) {
+  FusedLaunch* fused = current_fused_launch();
+  if (fused != nullptr && fused->deferred != nullptr) {  // Note [Streamed launches] (engine/queue.cpp)
+    fused->deferred->push_back(DeferredPrice{fused->entry, true, name, flops, nbytes, elements, dtype, 0, 1});
+    return 0;  // a streamed launch draws no profiler ranges (the engine streams none then)
+  }
   const OnChipShare on_chip = take_on_chip();
   const double op_us = roofline_us(flops, std::max(0.0, nbytes - on_chip.bytes), on_chip.folded ? 0 : elements, dtype);
   log_op(name, op_us);
@@ -207,6 +212,30 @@ double launch_op(c10::DeviceIndex d, const std::string& name, double flops, doub
 }
 
 }  // namespace eager_detail
+
+void settle_deferred_prices(FusedLaunch& launch, const std::function<OnChipShare(int64_t)>& share) {
+  std::vector<DeferredPrice>* prices = launch.deferred;
+  launch.deferred = nullptr;
+  int64_t shared = -1;  // the last entry whose share a roofline took
+  for (const DeferredPrice& p : *prices) {
+    if (!p.roofline) {
+      launch.op_us += p.op_us;
+      launch.num_ops += p.num_ops;
+      continue;
+    }
+    OnChipShare on_chip;
+    if (p.entry != shared) {
+      on_chip = share(p.entry);
+      shared = p.entry;
+    }
+    const double op_us = eager_detail::roofline_us(p.flops, std::max(0.0, p.nbytes - on_chip.bytes),
+                                                   on_chip.folded ? 0 : p.elements, p.dtype);
+    log_op(p.name, op_us);
+    launch.op_us += op_us;  // as launch() adds it inside a fused launch
+    launch.num_ops += 1;
+  }
+  prices->clear();
+}
 
 double on_chip_bytes() { return eager_detail::g_on_chip_bytes; }
 

@@ -72,6 +72,10 @@ void install_clock(c10::DeviceIndex count, double launch_overhead_us, bool spend
 void set_spend_overhead(bool spend) { g_spend_overhead.store(spend); }
 
 double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t num_ops) {
+  if (t_fused != nullptr && t_fused->deferred != nullptr) {  // Note [Streamed launches] (engine/queue.cpp)
+    t_fused->deferred->push_back(DeferredPrice{t_fused->entry, false, {}, 0, 0, 0, at::kFloat, op_us, num_ops});
+    return op_us;
+  }
   if (t_fused != nullptr) {  // a Python kernel inside a fused launch: one of its ops
     t_fused->op_us += op_us;
     t_fused->num_ops += num_ops;

@@ -157,9 +157,11 @@ void plan_on_chip(Launch& launch) {
   }
 }
 
-OnChipScope::OnChipScope(const Launch& launch, const Entry& entry) {
-  t_on_chip = OnChipShare{on_chip_bytes_of(launch, entry), entry.folded_cast};
+OnChipShare on_chip_share(const Launch& launch, const Entry& entry) {
+  return OnChipShare{on_chip_bytes_of(launch, entry), entry.folded_cast};
 }
+
+OnChipScope::OnChipScope(const Launch& launch, const Entry& entry) { t_on_chip = on_chip_share(launch, entry); }
 
 OnChipScope::~OnChipScope() { t_on_chip = OnChipShare(); }
 

@@ -7,6 +7,11 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -47,6 +52,26 @@ struct Entry {
   // holds is not kept (a later queued op that reads it holds it through its own alias).
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
   bool folded_cast = false;  // Note [On-chip intermediates] (plan_on_chip)
+  bool released = false;  // its pending reads were let go (release_pending): once
+};
+
+// Note [Streamed launches] (queue.cpp): the host's side of a launch that runs while it is
+// being issued. The executor takes entries [0, published) as the host appends them, and ends
+// once the host has sealed the launch (its last entry published, its on-chip plan made).
+struct StreamFeed {
+  std::mutex lock;  // published, sealed, waiting, and the entries' deque itself
+  std::condition_variable grew;
+  size_t published = 0;
+  bool sealed = false;
+  bool waiting = false;  // the executor sleeps on `grew` until `published` passes `wake_at`
+  size_t wake_at = 0;
+  // Jobs that touch nothing of the launch (a transfer into bytes only its tensor holds), run
+  // between its entries rather than behind it: run_beside_streamed_launch.
+  std::deque<std::function<void()>> beside;
+  // Held by the executor while an entry runs, and by the host while it plans the launch: the
+  // plan reads which values the program holds (weak references' liveness), and a running
+  // entry holds its arguments' storages for a moment (Note [Streamed launches]).
+  std::mutex running;
 };
 
 // Note [Queued arguments count no references]: autograd decides from reference counts
@@ -61,7 +86,10 @@ struct Entry {
 // kept for as long as queued readers remain (Note [Values handed between jobs] in queue.cpp),
 // on a storage sharing them the same way.
 struct Launch {
-  std::vector<Entry> entries;
+  // A deque: the host appends while the executor runs earlier entries of a streamed launch,
+  // and an element's address must not move (Note [Streamed launches]).
+  std::deque<Entry> entries;
+  std::shared_ptr<StreamFeed> feed;  // set while the launch is streamed (Note [Streamed launches])
   int64_t issued_ops = -1;  // >= 0: counted as issued when handed to the device stream
   IssueSite site;  // a posted eager op's: where its error says it was issued
   // Note [On-chip intermediates] (device/cost.py), decided at issue by plan_on_chip: the values
@@ -74,6 +102,8 @@ struct Launch {
 // on_chip.cpp, Note [On-chip intermediates] (device/cost.py).
 // Decides, at issue on the host thread, which values of the launch stay on chip.
 void plan_on_chip(Launch& launch);
+// The entry's share of the launch's on-chip work, for the first launch its op makes.
+OnChipShare on_chip_share(const Launch& launch, const Entry& entry);
 // While one lives, the entry's on-chip share goes to the first launch its op makes (take_on_chip).
 class OnChipScope {
  public:

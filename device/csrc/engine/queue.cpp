@@ -26,6 +26,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/RefcountedDeleter.h>
@@ -51,9 +52,12 @@ namespace {
 
 using c10::IValue;
 
-Launch g_queue;  // the one being issued; guarded by the engine's lock (Python) and the GIL
+// The one being issued; guarded by the engine's lock (Python) and the GIL. Shared with the
+// executor while it is streamed (Note [Streamed launches]).
+std::shared_ptr<Launch> g_queue = std::make_shared<Launch>();
 
 int64_t run_launch(Launch& launch, int64_t* failed);
+int64_t run_streamed_launch(Launch& launch, int64_t* failed);
 
 // Note [The device stream]: a complete trace with only C++ kernels (no random ops, no Python
 // kernels: adaptive_eager/engine/executor.py decides) is posted to the device's executor (Note
@@ -87,13 +91,14 @@ struct Worker {
   std::deque<Outcome> ended;  // outcomes of launches that ran and were not collected, oldest first
   std::atomic<int64_t> in_flight{0};  // submitted and not yet collected by the host
 
-  void submit(std::unique_ptr<Launch> launch) {
+  // A whole launch, or a streamed one (Note [Streamed launches]) that runs as it is issued;
+  // returns its job's ticket on the executor.
+  uint64_t submit(std::shared_ptr<Launch> job) {
     in_flight.fetch_add(1);
-    std::shared_ptr<Launch> job(std::move(launch));
-    post_to_device([this, job]() mutable {
+    return post_to_device([this, job]() mutable {
       Outcome result;
       try {
-        result.ran = run_launch(*job, &result.failed);
+        result.ran = job->feed ? run_streamed_launch(*job, &result.failed) : run_launch(*job, &result.failed);
       } catch (...) {
         result.error = std::current_exception();
       }
@@ -104,9 +109,14 @@ struct Worker {
     });
   }
 
-  bool all_ended() {
+  bool oldest_ended() {
     std::unique_lock<std::mutex> guard(lock);
-    return static_cast<int64_t>(ended.size()) == in_flight.load();
+    return !ended.empty();
+  }
+
+  bool all_ended(int64_t open) {  // but the `open` newest (Note [Streamed launches])
+    std::unique_lock<std::mutex> guard(lock);
+    return static_cast<int64_t>(ended.size()) >= in_flight.load() - open;
   }
 
   // Waits for the oldest launch to end and collects its outcome; with `unless_failed`, a
@@ -126,7 +136,14 @@ struct Worker {
 
 // Never destroyed, as the executor (runtime/executor.cpp); a forked child starts a fresh one.
 Worker* g_worker = new Worker;
-const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_worker = new Worker; });
+// A streamed launch open at the fork (the engine seals it before: dispatch/registration.py)
+// would have no executor job in the child, and entries the parent's executor ran.
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] {
+  g_worker = new Worker;
+  if (g_queue->feed) {
+    g_queue = std::make_shared<Launch>();
+  }
+});
 std::atomic<bool> g_held{false};  // ops are queued, or a failed launch's error waits
 bool g_error_waiting = false;
 // The error of the launch that left values uncomputed, and its Python type's name: set by the
@@ -152,7 +169,7 @@ struct Handoff {
 };
 Handoff g_handoff;
 
-void update_held() { g_held.store(!g_queue.entries.empty() || g_error_waiting); }
+void update_held() { g_held.store(!g_queue->entries.empty() || g_error_waiting); }
 
 at::Tensor on_storage(c10::Storage storage, c10::DispatchKeySet keys, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
                       c10::IntArrayRef strides, int64_t offset) {
@@ -253,7 +270,14 @@ IValue capture(const IValue& v, bool written, Entry& entry, size_t arg, int64_t 
 at::Tensor resolve(const PendingArg& p) {
   c10::Storage storage;
   if (auto alive = p.storage.lock()) {
-    storage = c10::Storage(std::move(alive));
+    // Its bytes on a storage of our own, not the caller's storage: holding that for the op's
+    // run would keep it on the device's books after the caller drops it, which a streamed
+    // launch (Note [Streamed launches]) does while the host issues on: peak memory would
+    // depend on the executor's timing, not be eager's.
+    c10::Storage held(std::move(alive));
+    if (held.data() != nullptr) {
+      storage = share_bytes(held);
+    }
   }
   if (!storage || storage.data() == nullptr) {
     std::unique_lock<std::mutex> handoff(g_handoff.lock);
@@ -281,7 +305,13 @@ void bind_pending(Entry& entry, torch::jit::Stack& stack) {
 }
 
 // Its reads done, an entry lets go of what it read: the last reader frees a produced value.
+// Once (a failed entry is released again with those dropped after it); the pending arguments
+// stay listed, for the on-chip plan of a streamed launch (Note [Streamed launches]).
 void release_pending(Entry& entry) {
+  if (entry.released) {
+    return;
+  }
+  entry.released = true;
   c10::Storage freed;  // the last reader's value goes outside the lock
   std::unique_lock<std::mutex> handoff(g_handoff.lock);
   for (const PendingArg& p : entry.pending) {
@@ -298,7 +328,6 @@ void release_pending(Entry& entry) {
       }
     }
   }
-  entry.pending.clear();  // once: a failed entry is released again with those dropped after it
 }
 
 at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
@@ -345,12 +374,15 @@ void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& 
 }
 
 void run_entry(Launch& launch, Entry& entry) {
-  (void)launch;
   const RouteBypass bypass;  // the eager path, not the engine again
   const c10::FunctionSchema& schema = entry.op.schema();
   torch::jit::Stack stack = std::move(entry.args);  // released when the op has run
   bind_pending(entry, stack);
-  const OnChipScope on_chip(launch, entry);
+  // A streamed launch's share is worked out once it is sealed (Note [Streamed launches]).
+  std::optional<OnChipScope> on_chip;
+  if (!launch.feed) {
+    on_chip.emplace(launch, entry);
+  }
   entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   release_pending(entry);
   size_t spec_index = 0;
@@ -421,6 +453,165 @@ int64_t run_launch(Launch& launch, int64_t* failed) {
   return static_cast<int64_t>(launch.entries.size());
 }
 
+// Note [Streamed launches]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A launch submitted whole starts on the device only once its trace's last op is issued: with
+// a host read every decoded token, a token's wall time was the host's issue of its ops and
+// then the device's run of them, one after the other, where eager mode's executor runs each
+// op while the host issues the next (a generate() call: adaptive 15.6 ms, eager 16.5, the
+// user's thread busy 11.7 of them). So a launch the engine will put on the device stream
+// (only C++ kernels, no random numbers: engine/executor.py's _may_use_stream) is posted to
+// the executor at its first op (`stream_next` asks for it): the executor runs its entries as
+// the host publishes them and sleeps when it has caught up, and the host seals it (submit
+// queue) where it would have submitted it. Still one launch on the clock, with the same bits:
+//   - Its price needs its on-chip plan, which needs the whole launch and what the program
+//     holds at its end (Note [On-chip intermediates]): the eager path's prices wait as their
+//     roofline's terms (FusedLaunch::deferred) and are worked out in order once it is sealed,
+//     so its modelled time is the whole launch's, as before.
+//   - The plan is made on the host at the seal, as for a whole launch, while the executor
+//     holds StreamFeed::running (a running entry holds its arguments' storages, which would
+//     read as held by the program).
+//   - An argument made earlier in the same launch whose entry has run is captured as its
+//     bytes, not as a pending read: the same storage, the same plan.
+//   - It takes its room on the stream at its open: the host collects the older launches that
+//     have ended, without waiting, and a launch that finds no room is submitted whole at its
+//     end, as before (waiting there would keep the host a launch closer to the device).
+//   - The host must seal it before it waits for the device (a launch waiting for entries
+//     would wait for ever): the engine does at every sync point; a wait that comes anyway
+//     seals it first (seal_for_wait, counted in forced_seals()).
+//   - An executor that has caught up sleeps until kWakeBatch more entries are published, or
+//     the seal: small kernels run faster than the host issues them, and waking it is a system
+//     call on the host (pthread_cond_signal took 5% of a generate() call's host time woken
+//     every 8 entries).
+constexpr size_t kWakeBatch = 32;
+
+int64_t run_streamed_launch(Launch& launch, int64_t* failed) {
+  StreamFeed& feed = *launch.feed;
+  c10::DeviceIndex device = 0;
+  {
+    const std::lock_guard<std::mutex> guard(feed.lock);
+    device = launch.entries.front().plan->device;  // opened with its first entry
+  }
+  std::vector<DeferredPrice> prices;
+  FusedLaunch fused(device);  // one launch for them all, on the device's clock
+  const ChargeScope charged_at_issue;  // Note [Deferred outputs are charged at issue] (memory.cpp)
+  fused.deferred = &prices;
+  std::exception_ptr error;
+  size_t k = 0;
+  for (;; ++k) {
+    Entry* entry = nullptr;
+    std::function<void()> beside;
+    {
+      std::unique_lock<std::mutex> guard(feed.lock);
+      if (k >= feed.published && !feed.sealed && feed.beside.empty()) {
+        feed.waiting = true;
+        feed.wake_at = k + kWakeBatch;
+        feed.grew.wait(guard, [&] { return k < feed.published || feed.sealed || !feed.beside.empty(); });
+        feed.waiting = false;
+      }
+      if (!feed.beside.empty()) {
+        beside = std::move(feed.beside.front());
+        feed.beside.pop_front();
+      } else if (k >= feed.published) {
+        break;  // sealed, and every entry taken
+      } else {
+        entry = &launch.entries[k];  // a deque's element stays where it is as it grows
+      }
+    }
+    if (beside) {
+      beside();  // never throws: run_beside_streamed_launch wraps it
+      --k;  // no entry taken
+      continue;
+    }
+    if (error) {
+      release_pending(*entry);  // dropped: it will not read what it waited for
+      continue;
+    }
+    fused.entry = static_cast<int64_t>(k);
+    try {
+      const std::lock_guard<std::mutex> running(feed.running);
+      run_entry(launch, *entry);
+    } catch (...) {
+      error = std::current_exception();
+      *failed = static_cast<int64_t>(k);
+      release_pending(*entry);
+    }
+  }
+  // Sealed: the plan is made, issued_ops set (both before `sealed`, under feed.lock).
+  fused.issued_ops = launch.issued_ops;
+  settle_deferred_prices(fused, [&](int64_t i) { return on_chip_share(launch, launch.entries[static_cast<size_t>(i)]); });
+  if (error) {
+    std::rethrow_exception(error);  // the entries after the failed one never ran
+  }
+  return static_cast<int64_t>(k);
+}
+
+std::atomic<bool> g_open_next{false};  // stream the next launch opened (Note [Streamed launches])
+std::atomic<bool> g_streaming{true};  // set_streamed_launches: off, every launch is submitted whole
+std::atomic<int64_t> g_forced_seals{0};
+std::atomic<int64_t> g_streamed{0};  // streamed launches opened, all told
+
+// The host's end of a streamed launch (Note [Streamed launches]): where a whole launch is
+// submitted, this one is planned, counted as issued, and let finish.
+void seal_queue() {
+  std::shared_ptr<Launch> launch = std::move(g_queue);
+  g_queue = std::make_shared<Launch>();
+  update_held();
+  launch->issued_ops = static_cast<int64_t>(launch->entries.size());
+  forget_fresh();
+  StreamFeed& feed = *launch->feed;
+  if (!feed.running.try_lock()) {  // an entry runs: wait for it (it may take the GIL)
+    without_python([&] { feed.running.lock(); });
+  }
+  {
+    const std::lock_guard<std::mutex> running(feed.running, std::adopt_lock);
+    plan_on_chip(*launch);
+  }
+  issue_launch(launch->entries.front().plan->device, launch->issued_ops);
+  bool wake = false;
+  {
+    const std::lock_guard<std::mutex> guard(feed.lock);
+    feed.sealed = true;
+    wake = feed.waiting;
+  }
+  if (wake) {
+    feed.grew.notify_one();
+  }
+}
+
+// A host about to wait for the device while a streamed launch is open would wait for ever:
+// seal it first. The engine seals at every sync point; this is for a wait it did not see.
+void seal_for_wait() {
+  if (on_device_thread() || !g_queue->feed) {
+    return;
+  }
+  g_forced_seals.fetch_add(1);
+  seal_queue();
+}
+
+uint64_t g_open_ticket = 0;  // the executor's job that runs the streamed launch open, if one is
+
+// A wait for the device's work waits for what is ahead of a streamed launch still open, not
+// for the launch, which waits for its host: a reader of the device's state (stats(), the
+// drain at exit) launches nothing held back, and the open launch's ops are still held back
+// as far as it is concerned (queued_ops counts them). A job posted behind it would be waited
+// for too: then it is sealed first.
+uint64_t wait_limit(uint64_t last) {
+  if (on_device_thread() || !g_queue->feed) {
+    return last;
+  }
+  if (last == g_open_ticket) {
+    return g_open_ticket == 0 ? UINT64_MAX : g_open_ticket - 1;
+  }
+  seal_for_wait();
+  return last;
+}
+
+const bool g_wait_hooks = (set_device_wait_hooks(seal_for_wait, wait_limit), true);
+
+// The queue open streamed launches count, in the worker's in-flight count.
+int64_t open_launches() { return g_queue->feed ? 1 : 0; }
+
 }  // namespace
 
 RouteBypass::RouteBypass() : previous(t_bypass) { t_bypass = true; }
@@ -466,7 +657,7 @@ void sync_before_host_access(const char* reason) {
 
 void run_before_eager() {
   // An engine launch in flight needs no wait: an eager op is posted behind it, in order.
-  if (!t_bypass && !g_queue.entries.empty() && g_host_sync) {
+  if (!t_bypass && !g_queue->entries.empty() && g_host_sync) {
     g_host_sync("host read");
   }
 }
@@ -559,7 +750,21 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
   for (auto& v : returned) {
     stack->push_back(std::move(v));
   }
-  launch.entries.push_back(std::move(entry));
+  if (!launch.feed) {
+    launch.entries.push_back(std::move(entry));
+    return;
+  }
+  StreamFeed& feed = *launch.feed;  // Note [Streamed launches]: the executor may be reading
+  bool wake = false;
+  {
+    const std::lock_guard<std::mutex> guard(feed.lock);
+    launch.entries.push_back(std::move(entry));
+    feed.published = launch.entries.size();
+    wake = feed.waiting && feed.published >= feed.wake_at;
+  }
+  if (wake) {
+    feed.grew.notify_one();
+  }
 }
 
 // An eager op's launch: one op, one launch on the clock (its kernel prices itself, outside any
@@ -598,9 +803,64 @@ void run_eager_launch(Launch& launch) {
 }  // namespace
 
 void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
-  enqueue_into(g_queue, op, stack, std::move(plan), /*fused=*/true);
+  // Note [Streamed launches]: asked for at a match's first op, where the queue is empty; with
+  // no room on the stream, the launch is submitted whole at its end instead.
+  const bool open = g_open_next.exchange(false) && g_queue->entries.empty() && g_streaming.load() &&
+                    g_worker->in_flight.load() < kStreamDepth;
+  enqueue_into(*g_queue, op, stack, std::move(plan), /*fused=*/true);
   update_held();
+  if (open) {
+    g_queue->feed = std::make_shared<StreamFeed>();
+    g_queue->feed->published = g_queue->entries.size();
+    g_open_ticket = g_worker->submit(g_queue);
+    g_streamed.fetch_add(1);
+  }
 }
+
+void set_streamed_launches(bool on) { g_streaming.store(on); }
+
+int64_t streamed_launches() { return g_streamed.load(); }
+
+void stream_next(bool stream) { g_open_next.store(stream); }
+
+bool run_beside_streamed_launch(const std::function<void()>& job) {
+  if (on_device_thread() || !g_queue->feed) {
+    return false;
+  }
+  StreamFeed& feed = *g_queue->feed;
+  std::mutex done_lock;
+  std::condition_variable done_changed;
+  bool done = false;
+  std::exception_ptr error;
+  const at::ThreadLocalState state;  // the issuing thread's, as run_on_device carries it
+  {
+    const std::lock_guard<std::mutex> guard(feed.lock);
+    feed.beside.emplace_back([&] {
+      try {
+        const at::ThreadLocalStateGuard with_state(state);
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const std::lock_guard<std::mutex> finished(done_lock);
+      done = true;
+      done_changed.notify_all();
+    });
+  }
+  feed.grew.notify_one();
+  without_python([&] {  // the launch's entries may free Python-owned storages
+    std::unique_lock<std::mutex> waiting(done_lock);
+    done_changed.wait(waiting, [&] { return done; });
+  });
+  if (error) {
+    std::rethrow_exception(error);
+  }
+  return true;
+}
+
+bool queue_streamed() { return g_queue->feed != nullptr; }
+
+int64_t forced_seals() { return g_forced_seals.load(); }
 
 void post_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
   auto launch = std::make_shared<Launch>();
@@ -611,13 +871,13 @@ void post_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::sh
   post_to_device([launch] { run_eager_launch(*launch); });
 }
 
-int64_t queue_size() { return static_cast<int64_t>(g_queue.entries.size()); }
+int64_t queue_size() { return static_cast<int64_t>(g_queue->entries.size()); }
 
 bool ops_held() { return g_held.load(); }
 
 int64_t queued_ops(c10::DeviceIndex device) {
   int64_t n = 0;
-  for (const Entry& e : g_queue.entries) {
+  for (const Entry& e : g_queue->entries) {
     n += e.plan->device == device ? 1 : 0;
   }
   return n;
@@ -625,9 +885,10 @@ int64_t queued_ops(c10::DeviceIndex device) {
 
 int64_t run_queue() {
   TORCH_CHECK(g_worker->in_flight.load() == 0, "internal error: run_queue with a launch on the device stream");
+  TORCH_CHECK(!g_queue->feed, "internal error: run_queue with a streamed launch open");
   g_failed_index = -1;
   Launch launch;
-  std::swap(launch, g_queue);
+  std::swap(launch, *g_queue);
   update_held();
   forget_fresh();
   plan_on_chip(launch);
@@ -646,16 +907,18 @@ int64_t run_queue() {
 }
 
 bool submit_queue() {
+  g_failed_index = -1;
+  if (g_queue->feed) {  // on the stream since its first op: Note [Streamed launches]
+    seal_queue();
+    return true;
+  }
   TORCH_CHECK(g_worker->in_flight.load() < kStreamDepth, "internal error: ", kStreamDepth,
               " launches are already on the device stream");
-  g_failed_index = -1;
-  if (g_queue.entries.empty()) {
+  if (g_queue->entries.empty()) {
     return false;
   }
-  auto launch = std::make_unique<Launch>();
-  std::swap(*launch, g_queue);
-  // The next launch is most often as long as this one: no regrowth of its entries as it fills.
-  g_queue.entries.reserve(launch->entries.size());
+  std::shared_ptr<Launch> launch = std::move(g_queue);
+  g_queue = std::make_shared<Launch>();
   update_held();
   launch->issued_ops = static_cast<int64_t>(launch->entries.size());
   forget_fresh();
@@ -665,18 +928,22 @@ bool submit_queue() {
   return true;
 }
 
-int64_t launches_in_flight() { return g_worker->in_flight.load(); }
+// A streamed launch still open is not in flight yet, as far as the engine is concerned: it
+// waits for its host, and is counted as queued (Note [Streamed launches]).
+int64_t launches_in_flight() { return g_worker->in_flight.load() - open_launches(); }
 
-bool launch_in_flight() { return g_worker->in_flight.load() > 0; }
+bool launch_in_flight() { return launches_in_flight() > 0; }
 
-bool launch_finished() { return g_worker->all_ended(); }
+bool launch_finished() { return g_worker->all_ended(open_launches()); }
+
+bool oldest_launch_ended() { return g_worker->oldest_ended(); }
 
 bool collect_launch_if_ok() {
-  return g_worker->in_flight.load() == 0 || g_worker->collect_oldest(/*unless_failed=*/true).has_value();
+  return launches_in_flight() == 0 || g_worker->collect_oldest(/*unless_failed=*/true).has_value();
 }
 
 int64_t finish_launch() {
-  if (g_worker->in_flight.load() == 0) {
+  if (launches_in_flight() == 0) {
     return 0;
   }
   Outcome outcome = *g_worker->collect_oldest();

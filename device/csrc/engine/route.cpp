@@ -265,7 +265,8 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return false;
     }
   }
-  if (last && !make_room_on_stream()) {
+  // A streamed launch is on the stream already (Note [Streamed launches] in queue.cpp).
+  if (last && !neuron::queue_streamed() && !make_room_on_stream()) {
     g_armed.armed = false;
     return false;
   }
@@ -283,6 +284,14 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       ++g_armed.rounds;
       g_armed.pos = 0;
       g_armed.armed = true;
+      // The next round streams (Note [Streamed launches]) if there is room on the stream,
+      // made by collecting what has ended (waiting here would keep the host one launch
+      // closer to the device); else it is submitted whole, as before.
+      while (neuron::launches_in_flight() >= neuron::kStreamDepth && neuron::oldest_launch_ended() &&
+             without_gil(neuron::collect_launch_if_ok)) {
+        ++g_armed.collected;
+      }
+      neuron::stream_next(neuron::launches_in_flight() < neuron::kStreamDepth);
     }
   } catch (...) {
     g_armed.armed = false;
@@ -594,10 +603,19 @@ void bind_route(py::module_& m) {
         "(device µs, ops) the last fused launch that ended on this thread charged (its profiler mark)");
   m.def("queued_ops", &neuron::queued_ops, py::arg("device"), "a device's queued ops: issued, not yet run");
   m.def("submit_queue", &neuron::submit_queue, "run the queue on the device stream, beside the host");
+  m.def("stream_next", &neuron::stream_next, py::arg("stream"),
+        "whether the next launch opened runs on the device stream as it is issued (Note [Streamed launches])");
+  m.def("queue_streamed", &neuron::queue_streamed, "the queue is a streamed launch, already on the device stream");
+  m.def("forced_seals", &neuron::forced_seals, "streamed launches sealed by a wait the engine did not see coming");
+  m.def("set_streamed_launches", &neuron::set_streamed_launches, py::arg("on"),
+        "off: every launch is submitted whole at its end, as before Note [Streamed launches]");
+  m.def("streamed_launches", &neuron::streamed_launches, "streamed launches opened, all told");
   m.def("launch_in_flight", &neuron::launch_in_flight);
   m.def("launches_in_flight", &neuron::launches_in_flight);
   m.attr("STREAM_DEPTH") = neuron::kStreamDepth;
   m.def("launch_finished", &neuron::launch_finished);
+  m.def("oldest_launch_ended", &neuron::oldest_launch_ended,
+        "the oldest launch on the stream has ended: collecting it waits for nothing");
   m.def("finish_launch", &neuron::finish_launch, py::call_guard<py::gil_scoped_release>(),
         "wait for the launch on the stream; raises its op's error");
   m.def("failed_index", &neuron::failed_index, "the queue entry whose op failed in the last run_queue");

@@ -120,6 +120,14 @@ struct Job {
 };
 
 thread_local bool t_on_executor = false;
+std::atomic<void (*)()> g_before_run{nullptr};  // set_device_wait_hooks
+std::atomic<uint64_t (*)(uint64_t)> g_wait_limit{nullptr};
+
+void before_run() {
+  if (auto hook = g_before_run.load()) {
+    hook();
+  }
+}
 
 struct Executor {
   std::mutex lock;
@@ -239,10 +247,30 @@ const int g_fork_handler = pthread_atfork(
 
 bool on_device_thread() { return t_on_executor; }
 
-void post_to_device(std::function<void()> job) {
+void set_device_wait_hooks(void (*before)(), uint64_t (*wait_limit)(uint64_t last)) {
+  g_before_run.store(before);
+  g_wait_limit.store(wait_limit);
+}
+
+void without_python(const std::function<void()>& fn) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* saved = PyEval_SaveThread();
+    try {
+      fn();
+    } catch (...) {
+      PyEval_RestoreThread(saved);
+      throw;
+    }
+    PyEval_RestoreThread(saved);
+  } else {
+    fn();
+  }
+}
+
+uint64_t post_to_device(std::function<void()> job) {
   take_host_thread_count();  // Note [Kernels take the host's thread count] (threads.cpp)
   const int threads = host_thread_count();
-  g_executor->post(Job{[run = std::move(job)] {
+  return g_executor->post(Job{[run = std::move(job)] {
                          try {
                            run();
                          } catch (...) {
@@ -257,6 +285,7 @@ void run_on_device(const std::function<void()>& job) {
     job();
     return;
   }
+  before_run();
   std::exception_ptr error;
   // The issuing thread's state (grad mode, profiler callbacks, dispatch keys), as autograd's
   // threads take the caller's: a profiler records the kernel's ranges, on the device's thread.
@@ -296,7 +325,12 @@ void wait_for_device() {
     }
     last = g_executor->issued - 1;
   }
-  g_executor->wait_past(last);
+  if (auto limit = g_wait_limit.load()) {
+    last = limit(last);  // UINT64_MAX: nothing to wait for
+  }
+  if (last != UINT64_MAX) {
+    g_executor->wait_past(last);
+  }
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> guard(g_executor->lock);
@@ -308,6 +342,9 @@ void wait_for_device() {
 }
 
 bool device_idle() {
+  if (!t_on_executor) {
+    before_run();  // a query submits what is open, as a real device's does
+  }
   std::unique_lock<std::mutex> guard(g_executor->lock);
   return g_executor->done == g_executor->issued;
 }
