@@ -20,6 +20,9 @@ It runs that choice as the host would run it:
   needs a gradient keeps the C++ body's differentiable ATen ops (several launches), so
   autograd records the same backward as on CPU.
 
+The math kernels compute for the inputs that need a gradient as CPU's graph does (Note [SDPA's
+math path reads requires_grad]).
+
 Under `torch.inference_mode()` the autograd key is skipped: the same function is the op's
 PrivateUse1 kernel, not the C++ decomposition, whose PrivateUse1 choice stub would always
 take the math path.
@@ -60,11 +63,13 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
             query, key, value, dropout_p, is_causal, attn_mask=builtin_kernels.additive_mask(attn_mask, query.dtype),
             scale=scale)[0]
     if builtin_kernels.fused_attention_applies(attn_mask):
-        # The host's math path, one launch forward and one backward, computing what it computes.
+        # The host's math path, one launch forward and one backward, computing what it computes,
+        # for the inputs that need a gradient (Note [SDPA's math path reads requires_grad]).
+        requires_grad = builtin_kernels.autograd_flags(query, key, value)
         if dropout_p == 0.0:
-            return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+            return builtin_kernels.attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, requires_grad)
         return builtin_kernels.attention_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                                 enable_gqa)[0]
+                                                 enable_gqa, requires_grad)[0]
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 

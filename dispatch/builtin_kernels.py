@@ -56,6 +56,35 @@ def _keep(x):
     return x
 
 
+# Note [SDPA's math path reads requires_grad]: at::matmul folds a batched operand into one mm
+# when the 2-D operand facing it requires a gradient (should_fold, LinearAlgebra.cpp), and
+# takes bmm otherwise: other bits. So CPU's math path computes other bits for a 2-D query (or
+# key/value) that requires a gradient, forward and backward (1.2e-7 for a 2-D query against
+# 3-D key and value). The math kernels therefore get the flags CPU's graph would carry (an
+# input's requires_grad, under grad mode) and compute on leaves flagged so under host
+# autograd; the backward recomputes with the same flags and asks gradients of those inputs
+# only, as CPU autograd does.
+
+def _flagged(fn, inputs: tuple, requires_grad) -> Tensor:
+    """fn(*inputs) computed as CPU computes it for a caller whose inputs flagged in requires_grad
+    need a gradient (Note [SDPA's math path reads requires_grad]): the result, detached."""
+    if not any(requires_grad):
+        return fn(*inputs)
+    with _host_autograd(), torch.enable_grad(), _own_saved_tensors():
+        leaves = [x.detach().requires_grad_(n) for x, n in zip(inputs, requires_grad)]
+        return fn(*leaves).detach()
+
+
+def _or_empty(grads: list, like: Tensor) -> tuple:
+    """A custom op returns tensors: an input whose gradient was not asked gets an empty one."""
+    return tuple(like.new_empty(0) if g is None else g for g in grads)
+
+
+def _asked(grads, requires_grad) -> list:
+    """The backward kernel's gradients, None where none was asked (its empty placeholders)."""
+    return [g if n else None for g, n in zip(grads, requires_grad)]
+
+
 def _vjp(fn, inputs: tuple, grad: Tensor, needed: tuple) -> list:
     """Gradients of fn(*inputs) against grad for the inputs flagged in needed (None elsewhere),
     by running fn under host autograd: the backward CPU autograd runs for the same graph."""
@@ -90,7 +119,7 @@ def _score_flops(q: Tensor, k: Tensor) -> float:
     return 2.0 * q.numel() * k.shape[-2]
 
 
-def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, requires_grad):
     mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
     out_bytes = q.numel() * v.shape[-1] // q.shape[-1] * v.element_size()
     return {"flops": 2 * _score_flops(q, k), "bytes": q.nbytes + k.nbytes + v.nbytes + mask_bytes + out_bytes}
@@ -98,12 +127,15 @@ def _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa):
 
 @custom_kernel("neuron::attention", cost=_attention_cost, fake=True)
 def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, is_causal: bool,
-              scale: float | None, enable_gqa: bool) -> Tensor:
-    """SDPA without dropout, as the host's math path computes it."""
-    return _math(query, key, value, additive_mask(attn_mask, query.dtype), is_causal, scale, enable_gqa)
+              scale: float | None, enable_gqa: bool, requires_grad: list[bool]) -> Tensor:
+    """SDPA without dropout, as the host's math path computes it for inputs that need a
+    gradient where requires_grad says so (Note [SDPA's math path reads requires_grad])."""
+    mask = additive_mask(attn_mask, query.dtype)
+    return _flagged(lambda q, k, v: _math(q, k, v, mask, is_causal, scale, enable_gqa), (query, key, value),
+                    requires_grad)
 
 
-def _attention_backward_cost(grad, q, k, v, attn_mask, is_causal, scale, enable_gqa):
+def _attention_backward_cost(grad, q, k, v, attn_mask, is_causal, scale, enable_gqa, requires_grad):
     mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
     # recompute q @ k^T and p @ v's softmax, then dq, dk, dv, dp: five score-sized matmuls
     return {"flops": 5 * _score_flops(q, k), "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + mask_bytes}
@@ -111,29 +143,37 @@ def _attention_backward_cost(grad, q, k, v, attn_mask, is_causal, scale, enable_
 
 @custom_kernel("neuron::attention_backward", cost=_attention_backward_cost, fake=True)
 def attention_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
-                       is_causal: bool, scale: float | None, enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor]:
+                       is_causal: bool, scale: float | None, enable_gqa: bool,
+                       requires_grad: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(d query, d key, d value), each empty where requires_grad did not ask for it."""
     mask = additive_mask(attn_mask, query.dtype)
-    dq, dk, dv = _vjp(lambda q, k, v: _math(q, k, v, mask, is_causal, scale, enable_gqa),
-                      (query, key, value), grad, (True, True, True))
-    return dq, dk, dv
+    return _or_empty(_vjp(lambda q, k, v: _math(q, k, v, mask, is_causal, scale, enable_gqa),
+                          (query, key, value), grad, tuple(requires_grad)), query)
 
 
 def _attention_setup(ctx, inputs, output):
-    query, key, value, attn_mask, is_causal, scale, enable_gqa = inputs
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, requires_grad = inputs
     ctx.save_for_backward(query, key, value, attn_mask)
-    ctx.flags = (is_causal, scale, enable_gqa)
+    ctx.flags = (is_causal, scale, enable_gqa, requires_grad)
     ctx.set_materialize_grads(False)
 
 
 def _attention_grad(ctx, grad_out):
     if grad_out is None:  # the output took no part in the loss
-        return (None,) * 7
+        return (None,) * 8
     query, key, value, attn_mask = ctx.saved_tensors
-    dq, dk, dv = attention_backward(grad_out, query, key, value, attn_mask, *ctx.flags)
-    return dq, dk, dv, None, None, None, None
+    grads = attention_backward(grad_out, query, key, value, attn_mask, *ctx.flags)
+    return (*_asked(grads, ctx.flags[-1]), None, None, None, None, None)
 
 
 attention.register_autograd(_attention_grad, setup_context=_attention_setup)
+
+
+def autograd_flags(query: Tensor, key: Tensor, value: Tensor) -> list[bool]:
+    """Which of query, key and value CPU's graph would carry a gradient for: the kernels'
+    `requires_grad` argument (Note [SDPA's math path reads requires_grad])."""
+    grad_mode = torch.is_grad_enabled()
+    return [grad_mode and t.requires_grad for t in (query, key, value)]
 
 
 def fused_attention_applies(attn_mask) -> bool:
@@ -154,14 +194,19 @@ def _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         q, k, v, additive_mask(attn_mask, q.dtype), dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
 
 
-def _attention_dropout_cost(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    return _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+def _math_dropout_flagged(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad):
+    return _flagged(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
+                    (q, k, v), requires_grad)
 
 
-def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+def _attention_dropout_cost(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad):
+    return _attention_cost(q, k, v, attn_mask, is_causal, scale, enable_gqa, requires_grad)
+
+
+def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad):
     # The kernel's own computation, dropout included: its output's layout is the kernel's
     # by construction (a compiled graph asserts it).
-    out = _math_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out = _math_dropout_flagged(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad)
     # The state's size from a real one, the tensor made from the inputs: under torch.compile's
     # fake mode, `empty_like` of the real state tensor is refused ("convert all Tensors to
     # FakeTensors first"), which broke compiling any model with attention dropout in training.
@@ -171,55 +216,60 @@ def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, 
 
 @custom_kernel("neuron::attention_dropout", cost=_attention_dropout_cost, fake=_attention_dropout_fake, random=True)
 def attention_dropout(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_p: float,
-                      is_causal: bool, scale: float | None, enable_gqa: bool) -> tuple[Tensor, Tensor]:
-    """SDPA with dropout as the host's math path computes it: (out, the generator state its
-    dropout started from)."""
+                      is_causal: bool, scale: float | None, enable_gqa: bool,
+                      requires_grad: list[bool]) -> tuple[Tensor, Tensor]:
+    """SDPA with dropout as the host's math path computes it (Note [SDPA's math path reads
+    requires_grad]): (out, the generator state its dropout started from)."""
     state = torch.default_generator.get_state()
-    return _math_dropout(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa), state
+    return _math_dropout_flagged(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                 requires_grad), state
 
 
-def _attention_dropout_backward_cost(grad, q, k, v, attn_mask, rng_state, dropout_p, is_causal, scale, enable_gqa):
+def _attention_dropout_backward_cost(grad, q, k, v, attn_mask, rng_state, dropout_p, is_causal, scale, enable_gqa,
+                                     requires_grad):
     mask_bytes = 0 if attn_mask is None else attn_mask.nbytes
     return {"flops": 5 * _score_flops(q, k), "bytes": 2 * (q.nbytes + k.nbytes + v.nbytes) + grad.nbytes + mask_bytes}
 
 
-def _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    return tuple(_vjp(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
-                      (query, key, value), grad, (True, True, True)))
+def _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad):
+    return _or_empty(_vjp(lambda q, k, v: _math_dropout(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa),
+                          (query, key, value), grad, tuple(requires_grad)), query)
 
 
 def _attention_dropout_backward_fake(grad, query, key, value, attn_mask, rng_state, dropout_p, is_causal, scale,
-                                     enable_gqa):
+                                     enable_gqa, requires_grad):
     # The kernel's own computation on fake tensors, for its gradients' strides (those of the
     # math path's backward, not the inputs': a compiled graph asserts them), without the
     # generator: fake dropout draws nothing.
-    return _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                             requires_grad)
 
 
 @custom_kernel("neuron::attention_dropout_backward", cost=_attention_dropout_backward_cost,
                fake=_attention_dropout_backward_fake)
 def attention_dropout_backward(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
                                rng_state: Tensor, dropout_p: float, is_causal: bool, scale: float | None,
-                               enable_gqa: bool) -> tuple[Tensor, Tensor, Tensor]:
+                               enable_gqa: bool, requires_grad: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
     forward_rng = torch.Generator()
     forward_rng.set_state(rng_state)  # the forward's dropout mask again; no real generator advances
     with DefaultGeneratorLent(forward_rng):
-        return _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return _math_dropout_vjp(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                 requires_grad)
 
 
 def _attention_dropout_setup(ctx, inputs, output):
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad = inputs
     ctx.save_for_backward(query, key, value, attn_mask, output[1])
-    ctx.flags = (dropout_p, is_causal, scale, enable_gqa)
+    ctx.flags = (dropout_p, is_causal, scale, enable_gqa, requires_grad)
     ctx.set_materialize_grads(False)
 
 
 def _attention_dropout_grad(ctx, grad_out, grad_state):
     if grad_out is None:
-        return (None,) * 8
+        return (None,) * 9
     query, key, value, attn_mask, rng_state = ctx.saved_tensors
-    dq, dk, dv = attention_dropout_backward(grad_out, query, key, value, attn_mask, rng_state, *ctx.flags)
-    return dq, dk, dv, None, None, None, None, None
+    grads = attention_dropout_backward(grad_out, query, key, value, attn_mask, rng_state, *ctx.flags)
+    return (*_asked(grads, ctx.flags[-1]), None, None, None, None, None, None)
 
 
 attention_dropout.register_autograd(_attention_dropout_grad, setup_context=_attention_dropout_setup)

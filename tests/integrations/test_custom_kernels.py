@@ -376,6 +376,41 @@ def test_inference_mode_runs_the_kernels_with_cpus_bits(mode):
             assert _launches() - before == 2
 
 
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dropout_p", [0.0, 0.4], ids=["no_dropout", "dropout"])
+@pytest.mark.parametrize("needs_grad", ["query", "key", "value", "all"])
+def test_attention_with_a_2d_query_gives_cpus_bits_whichever_input_needs_a_gradient(needs_grad, dropout_p, mode):
+    """A 2-D query against 3-D key and value takes the math path, where matmul folds the batch
+    into one mm when the 2-D side requires a gradient and takes bmm otherwise: other bits. The
+    kernels compute with the flags CPU's graph carries (Note [SDPA's math path reads
+    requires_grad]); they computed as if nothing, then as if everything, needed a gradient."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(5, 4, generator=g), torch.randn(3, 6, 4, generator=g), torch.randn(3, 6, 4, generator=g)
+    flags = {"query": (True, False, False), "key": (False, True, False), "value": (False, False, True),
+             "all": (True, True, True)}[needs_grad]
+
+    def run(device):
+        inputs = [t.to(device, copy=True).requires_grad_(f) for t, f in zip((q, k, v), flags)]
+        if device == "cpu":
+            torch.manual_seed(3)
+        else:
+            torch.neuron.manual_seed(3)
+        out = F.scaled_dot_product_attention(*inputs, dropout_p=dropout_p)
+        out.square().sum().backward()
+        return [out.detach()] + [t.grad for t in inputs if t.requires_grad]
+
+    expected = run("cpu")
+    with adaptive_eager.mode(mode):
+        adaptive_eager.reset_stats()
+        for _ in range(6):  # adaptive: also replayed in a fused trace
+            for a, b in zip(expected, run("neuron")):
+                assert torch.equal(b.cpu(), a), f"{(b.cpu() - a).abs().max()} from CPU's"
+        if mode == "adaptive":
+            assert adaptive_eager.stats().trace_hits > 0, "no replay: the fused trace went unchecked"
+
+
+
 # -- RMSNorm ----------------------------------------------------------------------------------
 
 RMS_CASES = {
