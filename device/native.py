@@ -47,6 +47,8 @@ set_launch_blocking = _C.set_launch_blocking
 eager_issue_counts = _C.eager_issue_counts
 host_alias = _C.host_alias
 adopt = _C.adopt
+# scaled_dot_product_attention's kernel (dispatch/attention.py)
+validate_sdpa_input = _C.validate_sdpa_input  # Note [SDPA's input checks]
 # the adaptive engine's route and queue (csrc/engine/queue.cpp, csrc/engine/route.cpp)
 RUN_EAGER = _C.RUN_EAGER
 DeferPlan = _C.DeferPlan

@@ -20,8 +20,9 @@ It runs that choice as the host would run it:
   needs a gradient keeps the C++ body's differentiable ATen ops (several launches), so
   autograd records the same backward as on CPU.
 
-The math kernels compute for the inputs that need a gradient as CPU's graph does (Note [SDPA's
-math path reads requires_grad]).
+Before choosing, the kernel makes the input checks CPU's composite makes, with CPU's errors
+(Note [SDPA's input checks]); the math kernels compute for the inputs that need a gradient as
+CPU's graph does (Note [SDPA's math path reads requires_grad]).
 
 Under `torch.inference_mode()` the autograd key is skipped: the same function is the op's
 PrivateUse1 kernel, not the C++ decomposition, whose PrivateUse1 choice stub would always
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
+
+from adaptive_eager.device import native
 
 from . import builtin_kernels
 
@@ -47,6 +50,9 @@ def _host_shadow(t):
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    # CPU's composite checks its inputs before choosing; this kernel replaces that composite, so
+    # it makes the same checks, in CPU's words (Note [SDPA's input checks]).
+    native.validate_sdpa_input(query, key, value, attn_mask)
     # Outside any dispatch mode: under torch.compile's fake/functional modes the shadows would
     # be fake tensors, whose choice is always math, and the traced graph would then differ from eager.
     with _disable_current_modes():

@@ -162,6 +162,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("eager_issue_counts", &neuron::eager_issue_counts, "eager ops issued so far: (posted, waited for)");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");
+  // scaled_dot_product_attention's kernel on neuron (dispatch/attention.py)
+  m.def("validate_sdpa_input", &neuron::validate_sdpa_input, py::arg("query"), py::arg("key"), py::arg("value"),
+        py::arg("attn_mask"), "raise CPU's error for inputs CPU's scaled_dot_product_attention refuses");
   // the adaptive engine's route and queue (Note [Deferred launches])
   bind_route(m);
   bind_period_detector(m);

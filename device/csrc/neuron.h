@@ -334,6 +334,10 @@ std::vector<std::string> covered_third_party_composites();
 // host's bytes (zero-copy, charged to device).
 at::Tensor owning_host_alias(const at::Tensor& t);
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
+// kernels.cpp: scaled_dot_product_attention's input checks, CPU's (its composite makes them
+// before any kernel runs).
+void validate_sdpa_input(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const c10::optional<at::Tensor>& attn_mask);
 
 // A new list of v's element type holding fn(element, index) of each element of list v.
 template <typename Fn>

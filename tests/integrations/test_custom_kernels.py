@@ -410,6 +410,103 @@ def test_attention_with_a_2d_query_gives_cpus_bits_whichever_input_needs_a_gradi
             assert adaptive_eager.stats().trace_hits > 0, "no replay: the fused trace went unchecked"
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("path", ["math", "math_with_dropout", "flash"])
+def test_attention_output_edited_in_place_then_backward_behaves_as_on_cpu(path, mode):
+    """CPU's math path saves no output for its backward, so editing the output in place and then
+    running backward works; its flash kernel saves the output, and autograd refuses. The math
+    kernels save only their inputs (neuron::attention once saved its output too, and refused
+    where CPU works)."""
+    g = torch.Generator().manual_seed(6)
+    shape = (1, 2, 5, 4) if path == "flash" else (2, 5, 4)
+    q, k, v = (torch.randn(*shape, generator=g) for _ in range(3))
+    dropout_p = 0.3 if path == "math_with_dropout" else 0.0
+
+    def run(device):
+        inputs = [t.to(device, copy=True).requires_grad_() for t in (q, k, v)]
+        if device == "cpu":
+            torch.manual_seed(1)
+        else:
+            torch.neuron.manual_seed(1)
+        out = F.scaled_dot_product_attention(*inputs, dropout_p=dropout_p)
+        out.mul_(2)
+        out.square().sum().backward()
+        return [t.grad for t in inputs]
+
+    with adaptive_eager.mode(mode):
+        if path == "flash":
+            expected = _cpu_error(lambda: run("cpu"))
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                run("neuron")
+            assert "output 0 of ScaledDotProductFlashAttentionForCpu" in expected
+            return
+        expected = run("cpu")
+        for _ in range(4):  # adaptive: also replayed in a fused trace
+            for a, b in zip(expected, run("neuron")):
+                assert torch.equal(b.cpu(), a)
+
+
+def _cpu_error(fn) -> str:
+    with pytest.raises(RuntimeError) as info:
+        fn()
+    return str(info.value)
+
+
+SDPA_REFUSALS = {  # name: (query, key, value, mask), made on CPU; "neuron" marks what moves there
+    "float16_key": lambda: (torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4).half(), torch.randn(1, 2, 5, 4).half(),
+                            None),
+    "bfloat16_key": lambda: (torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4).bfloat16(),
+                             torch.randn(1, 2, 5, 4).bfloat16(), None),
+    "float16_value_with_grouped_query": lambda: (torch.randn(1, 4, 5, 4), torch.randn(1, 2, 5, 4),
+                                                 torch.randn(1, 2, 5, 4).half(), None),
+    "1d_key": lambda: (torch.randn(1, 2, 5, 4), torch.randn(4), torch.randn(1, 2, 5, 4), None),
+    "1d_query": lambda: (torch.randn(4), torch.randn(5, 4), torch.randn(5, 4), None),
+    "integer_mask": lambda: (torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4),
+                             torch.ones(5, 5, dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(SDPA_REFUSALS))
+def test_attention_refuses_what_cpu_refuses_with_cpus_error(case, mode):
+    """Neuron's SDPA kernel replaces the composite whose body makes CPU's input checks, so it
+    makes them itself, in CPU's words (Note [SDPA's input checks]): a float32 query with a half
+    key ran (the math path promoted), a 1-D key raised IndexError."""
+    q, k, v, mask = SDPA_REFUSALS[case]()
+    kwargs = {"enable_gqa": True} if "grouped" in case else {}
+    expected = _cpu_error(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs))
+    on_neuron = [t if t is None else t.to("neuron") for t in (q, k, v, mask)]
+    with adaptive_eager.mode(mode):
+        for requires_grad in (False, True):  # the autograd kernel, and the one below it
+            qn = on_neuron[0].detach().requires_grad_(requires_grad)
+            with pytest.raises(RuntimeError) as info:
+                F.scaled_dot_product_attention(qn, *on_neuron[1:3], attn_mask=on_neuron[3], **kwargs)
+            assert str(info.value) == expected
+        with torch.inference_mode(), pytest.raises(RuntimeError) as info:
+            F.scaled_dot_product_attention(*on_neuron[:3], attn_mask=on_neuron[3], **kwargs)
+        assert str(info.value) == expected
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("on_host", ["query", "key_and_value"])
+def test_attention_between_host_and_device_tensors_raises_cpus_device_error(on_host, mode):
+    """CPU's SDPA refuses inputs on two devices before any kernel runs; a CPU query with neuron
+    key and value reached the device's kernel (Note [SDPA's input checks])."""
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    if on_host == "query":
+        k, v = k.to("neuron"), v.to("neuron")
+        devices = "query.device: cpu key.device: neuron:0 and value.device: neuron:0"
+    else:
+        q = q.to("neuron")
+        devices = "query.device: neuron:0 key.device: cpu and value.device: cpu"
+    expected = f"Expected query, key, and value to have the same device type, but got {devices} instead."
+    with adaptive_eager.mode(mode):
+        for kwargs in ({}, {"dropout_p": 0.3}, {"enable_gqa": True}):  # flash and math alike
+            with pytest.raises(RuntimeError) as info:
+                F.scaled_dot_product_attention(q, k, v, **kwargs)
+            assert str(info.value) == expected
+
+
 
 # -- RMSNorm ----------------------------------------------------------------------------------
 

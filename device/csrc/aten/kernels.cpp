@@ -322,4 +322,33 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 }  // namespace eager_detail
+
+// Note [SDPA's input checks]: CPU's scaled_dot_product_attention checks its inputs in its
+// composite body (validate_sdpa_input, attention.cpp) before it picks a kernel. On neuron the
+// op's kernel is our own (dispatch/attention.py), which never runs that body: without these
+// checks a float32 query with a half key ran (the math path promotes), a CPU query with neuron
+// key and value reached a kernel's device check, a 1-D key an IndexError. The checks and their
+// words are CPU's, in CPU's order, so the same inputs raise the same RuntimeError.
+void validate_sdpa_input(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const c10::optional<at::Tensor>& attn_mask) {
+  TORCH_CHECK(query.dtype() == key.dtype() && query.dtype() == value.dtype(),
+              "Expected query, key, and value to have the same dtype, but got query.dtype: ", query.dtype(),
+              " key.dtype: ", key.dtype(), " and value.dtype: ", value.dtype(), " instead.");
+  TORCH_CHECK(query.device() == key.device() && query.device() == value.device(),
+              "Expected query, key, and value to have the same device type, but got query.device: ",
+              query.device(), " key.device: ", key.device(), " and value.device: ", value.device(), " instead.");
+  TORCH_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
+              "Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: ",
+              query.dim(), " key.dim: ", key.dim(), " and value.dim: ", value.dim(), " instead.");
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    const auto mask_dtype = attn_mask->dtype();
+    TORCH_CHECK(mask_dtype == at::kBool || mask_dtype == at::kFloat || mask_dtype == query.dtype(),
+                "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: ",
+                mask_dtype, " and  query.dtype: ", query.dtype(), " instead.");
+    TORCH_CHECK(!query.is_nested() && !key.is_nested(),
+                "Scaled_dot_product_attention: Nested tensors for query / key are not supported "
+                "when an explicit attn_mask is set");
+  }
+}
+
 }  // namespace neuron
