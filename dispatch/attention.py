@@ -21,7 +21,9 @@ It runs that choice as the host would run it:
   autograd records the same backward as on CPU.
 
 Before choosing, the kernel makes the input checks CPU's composite makes, with CPU's errors
-(Note [SDPA's input checks]); the math kernels compute for the inputs that need a gradient as
+(Note [SDPA's input checks]); under `sdpa_kernel(SDPBackend.OVERRIDEABLE)`, the device's own
+fused kernel torch offers PrivateUse1 backends, it runs the host's default pick (Note [The
+overrideable SDPA backend]); the math kernels compute for the inputs that need a gradient as
 CPU's graph does (Note [SDPA's math path reads requires_grad]).
 
 Under `torch.inference_mode()` the autograd key is skipped: the same function is the op's
@@ -55,10 +57,13 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
     native.validate_sdpa_input(query, key, value, attn_mask)
     # Outside any dispatch mode: under torch.compile's fake/functional modes the shadows would
     # be fake tensors, whose choice is always math, and the traced graph would then differ from eager.
+    # The choice is CPU's, but for sdpa_kernel(SDPBackend.OVERRIDEABLE), the device's own fused
+    # kernel, which CPU lacks: then the host's pick with its backends on (Note [The overrideable
+    # SDPA backend]).
     with _disable_current_modes():
-        choice = aten._fused_sdp_choice(
+        choice = native.host_sdp_choice(
             _host_shadow(query), _host_shadow(key), _host_shadow(value), _host_shadow(attn_mask),
-            dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            dropout_p, is_causal, scale, enable_gqa)
     if choice == _FLASH:
         # The host's flash kernel is an ATen op: issued as one, it runs on the device's executor
         # like any other op (a custom kernel's Python body runs on the issuing thread, whose

@@ -165,6 +165,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // scaled_dot_product_attention's kernel on neuron (dispatch/attention.py)
   m.def("validate_sdpa_input", &neuron::validate_sdpa_input, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("attn_mask"), "raise CPU's error for inputs CPU's scaled_dot_product_attention refuses");
+  m.def("host_sdp_choice", &neuron::host_sdp_choice, py::arg("query"), py::arg("key"), py::arg("value"),
+        py::arg("attn_mask"), py::arg("dropout_p"), py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"),
+        "the SDPA kernel CPU's choice picks for these CPU tensors (Note [The overrideable SDPA backend])");
   // the adaptive engine's route and queue (Note [Deferred launches])
   bind_route(m);
   bind_period_detector(m);

@@ -335,9 +335,13 @@ std::vector<std::string> covered_third_party_composites();
 at::Tensor owning_host_alias(const at::Tensor& t);
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
 // kernels.cpp: scaled_dot_product_attention's input checks, CPU's (its composite makes them
-// before any kernel runs).
+// before any kernel runs); the kernel CPU's choice picks for host tensors with metadata of neuron
+// ones (Note [The overrideable SDPA backend]).
 void validate_sdpa_input(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const c10::optional<at::Tensor>& attn_mask);
+int64_t host_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                        c10::optional<double> scale, bool enable_gqa);
 
 // A new list of v's element type holding fn(element, index) of each element of list v.
 template <typename Fn>

@@ -507,6 +507,56 @@ def test_attention_between_host_and_device_tensors_raises_cpus_device_error(on_h
             assert str(info.value) == expected
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dims", [4, 3], ids=["4d_takes_flash", "3d_takes_math"])
+def test_attention_under_the_overrideable_backend_runs_the_hosts_default_kernel(dims, mode):
+    """sdpa_kernel(SDPBackend.OVERRIDEABLE) asks for a PrivateUse1 backend's own fused kernel
+    (what TorchNeuron's choice picks); CPU has none, and neuron asked CPU's choice, which found
+    "No viable backend". The device's fused kernel is the host's default pick (Note [The
+    overrideable SDPA backend]): flash where it applies, math elsewhere, CPU's bits; the
+    user's flags are as they set them, before and after."""
+    g = torch.Generator().manual_seed(2)
+    shape = (1, 2, 5, 4) if dims == 4 else (2, 5, 4)
+    q, k, v = (torch.randn(*shape, generator=g, requires_grad=True) for _ in range(3))
+    kernel = FLASH_OPS[0] if dims == 4 else MATH_OPS[0]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    qn, kn, vn = _to_neuron((q, k, v))
+    only_overrideable = [False, False, True]  # flash, math, overrideable
+    with adaptive_eager.mode(mode):
+        for _ in range(4):  # adaptive: also replayed in a fused trace
+            with torch.nn.attention.sdpa_kernel(SDPBackend.OVERRIDEABLE):
+                names = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, is_causal=True))
+                out_n = F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
+                assert [torch._C._get_flash_sdp_enabled(), torch._C._get_math_sdp_enabled(),
+                        torch._C._get_overrideable_sdp_enabled()] == only_overrideable
+            assert kernel in names
+            assert torch.equal(out_n.cpu(), out)
+            for a, b in zip(grads, torch.autograd.grad(out_n.square().sum(), (qn, kn, vn))):
+                assert torch.equal(b.cpu(), a)
+        with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # no overrideable: CPU's choice
+            if dims == 3:  # flash does not take 3-D inputs: CPU's refusal
+                expected = _cpu_error(lambda: F.scaled_dot_product_attention(q, k, v))
+                with pytest.raises(RuntimeError) as info:
+                    F.scaled_dot_product_attention(qn, kn, vn)
+                assert str(info.value) == expected
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_attention_under_the_overrideable_backend_matches_eager():
+    """The same under torch.compile: the traced graph holds the host's default kernel."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 6, 8, generator=g)
+    qn = q.to("neuron")
+
+    def f(x):
+        with torch.nn.attention.sdpa_kernel(SDPBackend.OVERRIDEABLE):
+            return F.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+    expected = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.equal(torch.compile(f, backend="aot_eager")(qn).cpu(), expected)
+    assert torch.equal(torch.compile(f)(qn).cpu(), expected)
+
 
 # -- RMSNorm ----------------------------------------------------------------------------------
 

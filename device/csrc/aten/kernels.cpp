@@ -306,8 +306,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   auto on_host = [](const at::Tensor& t) { return t.device().type() == kNeuron ? host_shadow(t) : t; };
   const c10::optional<at::Tensor> host_mask = mask.has_value() && mask->defined()
                                                  ? c10::optional<at::Tensor>(on_host(*mask)) : mask;
-  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), on_host(q), on_host(k),
-                                                  on_host(v), host_mask, dropout_p, is_causal, scale, enable_gqa);
+  return host_sdp_choice(on_host(q), on_host(k), on_host(v), host_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 // FSDP1 (and CUDA-style code) calls t.record_stream(s) so that a caching allocator does not
@@ -349,6 +348,57 @@ void validate_sdpa_input(const at::Tensor& query, const at::Tensor& key, const a
                 "Scaled_dot_product_attention: Nested tensors for query / key are not supported "
                 "when an explicit attn_mask is set");
   }
+}
+
+namespace {
+
+// Sets the process's SDPA backend flags for a scope and restores them on the way out, thrown
+// errors included.
+class HostBackendsGuard {
+ public:
+  HostBackendsGuard() : ctx_(at::globalContext()), flash_(ctx_.userEnabledFlashSDP()), math_(ctx_.userEnabledMathSDP()) {
+    ctx_.setSDPUseFlash(true);
+    ctx_.setSDPUseMath(true);
+  }
+  ~HostBackendsGuard() {
+    ctx_.setSDPUseFlash(flash_);
+    ctx_.setSDPUseMath(math_);
+  }
+  HostBackendsGuard(const HostBackendsGuard&) = delete;
+  HostBackendsGuard& operator=(const HostBackendsGuard&) = delete;
+
+ private:
+  at::Context& ctx_;
+  bool flash_;
+  bool math_;
+};
+
+}  // namespace
+
+// Note [The overrideable SDPA backend]: torch lets a PrivateUse1 backend bring its own fused
+// attention kernel (SDPBackend.OVERRIDEABLE, `_scaled_dot_product_fused_attention_overrideable`);
+// TorchNeuron's choice picks it for every 4-D neuron input, and code written for TorchNeuron runs
+// under `sdpa_kernel(SDPBackend.OVERRIDEABLE)`. CPU has no such kernel: asked with flash and math
+// both disabled, its choice finds no viable backend. The emulated device's fused kernel is the
+// host's own pick, so with math disabled and the overrideable backend enabled, the choice is what
+// CPU picks with its backends enabled (flash where it applies, else math): CPU's bits, as CPU runs
+// the same call by default. Wherever math is enabled, CPU's choice under the user's flags stands
+// (it always finds a backend). The guard flips the process-wide flags for this one call, as
+// `sdpa_kernel` itself sets them process-wide; a CPU SDPA on another thread in that window
+// would see flash and math enabled.
+int64_t host_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                        c10::optional<double> scale, bool enable_gqa) {
+  const auto choose = [&] {
+    return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), q, k, v, mask,
+                                                   dropout_p, is_causal, scale, enable_gqa);
+  };
+  const at::Context& ctx = at::globalContext();
+  if (ctx.userEnabledMathSDP() || !ctx.userEnabledOverrideableSDP()) {
+    return choose();
+  }
+  HostBackendsGuard host_backends;
+  return choose();
 }
 
 }  // namespace neuron
