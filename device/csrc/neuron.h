@@ -314,6 +314,10 @@ bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops 
 // layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
 // alive in libraries (Note [Dense layouts only]).
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);
+// layouts.cpp, Note [No quantized tensors]: the kernels that refuse quantized tensors on neuron,
+// and what to do instead (for every message that refuses one).
+void refuse_quantized_tensors(std::vector<std::unique_ptr<torch::Library>>& libraries);
+extern const char* const kQuantizedInstead;
 // autograd_layouts.cpp, Note [Backward formulas that pick a layout by device]: the autograd
 // kernels that take CPU's layout where torch's formula checks the device; the C++ type of
 // the node that native_group_norm's hangs its outputs on (module.cpp shows it to Python as

@@ -388,6 +388,40 @@ def test_a_sparse_tensor_is_refused_where_it_would_be_made(make):
         make()
 
 
+# Note [No quantized tensors] (device/csrc/aten/layouts.cpp): refused where made, with the way out.
+_X = torch.linspace(-1, 1, 6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+@pytest.mark.parametrize("make", [
+    lambda: torch.quantize_per_tensor(_X.to("neuron"), 0.1, 0, torch.qint8),
+    lambda: torch.quantize_per_tensor(_X.to("neuron"), torch.tensor(0.1), torch.tensor(0), torch.quint8),
+    lambda: torch.quantize_per_tensor_dynamic(_X.to("neuron"), torch.qint8, False),
+    lambda: torch.quantize_per_channel(_X.view(2, 3).to("neuron"), torch.tensor([0.1, 0.2]),
+                                       torch.tensor([0, 0]), 0, torch.qint8),
+    lambda: torch.quantize_per_tensor(_X, 0.1, 0, torch.qint8).to("neuron"),
+    lambda: torch._empty_affine_quantized((2,), scale=0.1, zero_point=0, dtype=torch.quint8, device="neuron"),
+    lambda: torch.empty(2, dtype=torch.qint8, device="neuron"),
+], ids=["per_tensor", "per_tensor-tensor-qparams", "dynamic", "per_channel", "quantized.to", "empty_affine",
+        "empty-qint8"])
+def test_a_quantized_tensor_is_refused_where_it_would_be_made_saying_what_to_do(make, mode):
+    # Before: quantize_per_tensor on neuron gave a qint8 tensor with is_quantized False, whose
+    # every use (.cpu(), int_repr, print) then failed with CPU's errors and no way out.
+    adaptive_eager.set_mode(mode)
+    with pytest.raises(NotImplementedError, match=r"neuron has no quantized tensors.*"
+                       r"Quantize on the CPU.*torchao's quantization"):
+        for _ in range(4):  # adaptive mode: again once the engine has seen the op
+            made = make()
+            made.cpu()
+
+
+def test_fake_quantization_stays_a_plain_neuron_tensor_equal_to_cpus():
+    # Quantization-aware training's fake quantize makes no quantized tensor: it still runs.
+    out = torch.fake_quantize_per_tensor_affine(_X.to("neuron"), 0.1, 0, -128, 127)
+    assert not out.is_quantized and out.device.type == "neuron"
+    assert torch.equal(out.cpu(), torch.fake_quantize_per_tensor_affine(_X, 0.1, 0, -128, 127))
+
+
 def test_a_strided_nested_tensor_is_refused_with_the_jagged_layout_as_the_way():
     refused = pytest.raises(NotImplementedError, match=r"dense \(strided\) only.*nested.*layout=torch.jagged")
     parts = [torch.ones(2), torch.ones(3)]

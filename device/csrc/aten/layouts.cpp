@@ -7,6 +7,17 @@
 // the call that would make one, and anything on those keys (a path this misses) refuses too,
 // with the same message. Nested tensors of the jagged layout are dense tensors underneath
 // (a Python subclass) and run on neuron as they are.
+//
+// Note [No quantized tensors]: a quantized tensor (torch.qint8, quint8, qint32, ...) is a
+// QTensorImpl carrying its quantizer, whose ops dispatch to QuantizedPrivateUse1, where the
+// device has no kernels. quantize_per_tensor on neuron ran CPU's kernel on the host alias and
+// adopted its bytes as a plain neuron tensor of dtype qint8: is_quantized False, its scale lost,
+// every later op and `.cpu()` failing ("aten::int_repr has no CPU kernel", "empty_strided not
+// supported on quantized tensors"). Supporting them as CPU does would need a quantized neuron
+// TensorImpl and every QuantizedCPU kernel routed to it; so they are refused where they would
+// be made, as sparse tensors are: the quantizing constructors, anything on QuantizedPrivateUse1
+// (`.to('neuron')` of a quantized CPU tensor, factories of a quantized dtype), and a quantized
+// result of any other op (run_on_host.cpp's from_host).
 #include "neuron.h"
 
 #include <torch/library.h>
@@ -15,6 +26,12 @@
 #include <string>
 
 namespace neuron {
+
+const char* const kQuantizedInstead =
+    "Quantize on the CPU (torch.quantize_per_tensor(x.cpu(), ...)) and keep quantized tensors there, "
+    "or use torchao's quantization (torchao.quantization.quantize_), whose tensors are plain tensors "
+    "underneath and run on neuron.";
+
 namespace {
 
 // Constructors from dense parts: sparse_csr_tensor, _sparse_compressed_tensor_unsafe,
@@ -39,7 +56,18 @@ constexpr const char* kNestedInstead =
     "Use the jagged layout, which is built of dense tensors and runs on neuron: "
     "torch.nested.nested_tensor(tensors, layout=torch.jagged, device='neuron').";
 
+// The quantizing ops whose result is a quantized tensor (quantize_per_tensor and its
+// overloads, quantize_per_tensor_dynamic, quantize_per_channel, _make_per_*_quantized_tensor).
+const std::regex kQuantizedConstructor(
+    "aten::(quantize_per_(tensor|channel)|quantize_per_tensor_dynamic|_make_per_(tensor|channel)_quantized_tensor)");
+
 void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) { refuse(op, "a sparse tensor", kSparseInstead); }
+
+void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron has no quantized tensors: ", op.schema().operator_name(),
+                              " would make or use a quantized tensor on neuron. ", kQuantizedInstead);
+}
+
 void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack*) {
   refuse(op, "a nested tensor of the strided layout", kNestedInstead);
 }
@@ -81,6 +109,24 @@ void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libr
     }
     libraries.push_back(std::move(aten));
   }
+}
+
+void refuse_quantized_tensors(std::vector<std::unique_ptr<torch::Library>>& libraries) {
+  // Every op of a quantized neuron tensor, and every factory of a quantized dtype on neuron.
+  auto all = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::QuantizedPrivateUse1,
+                                              __FILE__, __LINE__);
+  all->fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_quantized>());
+  libraries.push_back(std::move(all));
+  // The constructors, called with a neuron input: at PrivateUse1, before the eager path runs
+  // CPU's kernel (their autograd kernels redispatch here).
+  auto aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                               __FILE__, __LINE__);
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.find("quantiz") != std::string::npos && std::regex_match(name.name, kQuantizedConstructor)) {
+      aten->impl(c10::toString(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&refuse_quantized>());
+    }
+  }
+  libraries.push_back(std::move(aten));
 }
 
 }  // namespace neuron

@@ -118,6 +118,7 @@ void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std
   aten->impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   register_cpu_kernels_whole(*aten);
   refuse_sparse_and_nested(g_libraries);
+  refuse_quantized_tensors(g_libraries);  // Note [No quantized tensors]
   register_autograd_layouts(g_libraries);  // Note [Backward formulas that pick a layout by device]
   register_cpu_dropout(g_libraries);  // Note [Dropout takes CPU's path]
   // c10d's collectives: their PrivateUse1 kernels ask the group for a neuron backend, whose

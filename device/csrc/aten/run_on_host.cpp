@@ -197,6 +197,10 @@ struct HostCall {
     TORCH_CHECK_NOT_IMPLEMENTED(!r.is_nested(), "neuron tensors are dense (strided) only, but this op produced a nested "
         "tensor of the strided layout. Use the jagged layout, which is built of dense tensors and runs on neuron: "
         "torch.nested.nested_tensor(tensors, layout=torch.jagged, device='neuron').");
+    // Note [No quantized tensors] (layouts.cpp): a quantized result adopted as a neuron tensor
+    // would lose its quantizer and fail at every later use.
+    TORCH_CHECK_NOT_IMPLEMENTED(!r.is_quantized(), "neuron has no quantized tensors, but this op produced a ",
+        r.scalar_type(), " tensor. ", kQuantizedInstead);
     if (r.layout() != c10::kStrided) {
       TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors are dense (strided) only, but this op produced a ",
           layout_name(r.layout()), " tensor. Keep sparse tensors on the CPU (x.cpu().to_sparse()), or use a dense equivalent "
