@@ -59,15 +59,54 @@ class DeviceMemory:
     def set_fraction(self, fraction: float) -> None:
         native.set_memory_fraction(self.index, float(fraction))
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict:
+        """CUDA's keys, flat, and TorchNeuron's beside them (its memory_stats(): a dict per byte
+        figure, and its counters). No cache: reserved and active bytes are the allocated ones,
+        as memory_reserved() says. Accumulated figures (a dict's "allocated" and "freed", the
+        counts) restart at reset_accumulated_memory_stats(), peaks at reset_peak_memory_stats()."""
         s = native.memory_stats(self.index)
-        return {
+        cuda = {
             "allocated_bytes.all.current": s["allocated"],
             "allocated_bytes.all.peak": s["peak"],
+            "allocated_bytes.all.allocated": s["bytes_allocated"],
+            "allocated_bytes.all.freed": s["bytes_freed"],
+            "reserved_bytes.all.current": s["allocated"],
+            "reserved_bytes.all.peak": s["peak"],
+            "active_bytes.all.current": s["allocated"],
+            "active_bytes.all.peak": s["peak"],
             "num_alloc_retries": 0,
             "num_ooms": s["num_ooms"],
             "allocation.all.allocated": s["num_allocs"],
             "allocation.all.freed": s["num_frees"],
-            "allocation.all.current": s["num_allocs"] - s["num_frees"],
+            "allocation.all.current": s["live"],
             "capacity_bytes": s["capacity"],
         }
+
+        def figure() -> dict[str, int]:
+            return {"current": s["allocated"], "peak": s["peak"], "allocated": s["bytes_allocated"],
+                    "freed": s["bytes_freed"]}
+
+        torch_neuronx = {
+            "allocated_bytes": figure(),
+            "reserved_bytes": figure(),
+            "active_bytes": figure(),
+            "num_tensor_frees": s["num_frees"],
+            "allocation_requests": s["num_allocs"],
+        }
+        return {**cuda, **torch_neuronx}
+
+    def summary_table(self) -> str:
+        """The table of TorchNeuron's memory_summary(): counts, then each byte figure."""
+        s = self.stats()
+        rule = "=" * 75
+        lines = [rule, f"  Neuron Memory Summary, Device {self.index}", rule,
+                 f"  Allocations: {s['allocation_requests']:,}  |  Frees: {s['num_tensor_frees']:,}",
+                 f"  OOMs: {s['num_ooms']:,}  |  Alloc Retries: {s['num_alloc_retries']:,}", rule,
+                 "  Metric              | Current    | Peak       | Allocated  | Freed", "-" * 75]
+        for name, key in (("Allocated Memory", "allocated_bytes"), ("Reserved Memory", "reserved_bytes"),
+                          ("Active Memory", "active_bytes")):
+            f = s[key]
+            lines.append(f"  {name:<18} | {format_bytes(f['current']):>10} | {format_bytes(f['peak']):>10} "
+                         f"| {format_bytes(f['allocated']):>10} | {format_bytes(f['freed']):>10}")
+        lines.append(rule)
+        return "\n".join(lines)

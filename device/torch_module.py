@@ -236,16 +236,22 @@ def build_module(runtime: Runtime) -> types.ModuleType:
         _memory(runtime, device).reset_peak()
 
     def memory_stats(device=None) -> dict:
+        """CUDA's keys ("allocated_bytes.all.current", ...) and TorchNeuron's beside them
+        ("allocated_bytes": {"current", "peak", "allocated", "freed"}, "allocation_requests",
+        ...): code written for either reads its own (device/memory.py)."""
         return _memory(runtime, device).stats()
 
     def mem_get_info(device=None) -> tuple[int, int]:
         mem = _memory(runtime, device)
         return mem.capacity - mem.allocated, mem.capacity
 
-    def memory_summary(device=None) -> str:
+    def memory_summary(device=None, abbreviated: bool = False) -> str:
+        """One line of the device's memory; unless abbreviated (torch.cuda's and TorchNeuron's
+        argument), a table after it of the figures TorchNeuron's summary shows."""
         mem = _memory(runtime, device)
-        return (f"{mem.device_name}: allocated {format_bytes(mem.allocated)}, "
+        line = (f"{mem.device_name}: allocated {format_bytes(mem.allocated)}, "
                 f"peak {format_bytes(mem.peak)}, capacity {format_bytes(mem.capacity)}")
+        return line if abbreviated else line + "\n" + mem.summary_table()
 
     def empty_cache() -> None:
         """Nothing to release: the emulated allocator keeps no cache."""
@@ -271,6 +277,8 @@ def build_module(runtime: Runtime) -> types.ModuleType:
         """memory_stats() with its dotted keys as nested dicts, as torch.cuda's."""
         nested: dict = {}
         for key, value in memory_stats(device).items():
+            if isinstance(value, dict):
+                continue  # TorchNeuron's keys, nested already: the same figures as CUDA's
             *path, last = key.split(".")
             node = nested
             for part in path:

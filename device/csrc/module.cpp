@@ -36,8 +36,11 @@ py::dict memory_stats(int64_t index) {
   d["limit"] = s.limit;
   d["allocated"] = s.allocated;
   d["peak"] = s.peak;
+  d["live"] = s.live;
   d["num_allocs"] = s.num_allocs;
   d["num_frees"] = s.num_frees;
+  d["bytes_allocated"] = s.bytes_allocated;
+  d["bytes_freed"] = s.bytes_freed;
   d["num_ooms"] = s.num_ooms;
   return d;
 }

@@ -56,7 +56,10 @@ void install_memory(const std::vector<int64_t>& capacities);
 void check_fits(c10::DeviceIndex d, int64_t nbytes);
 bool fits(c10::DeviceIndex d, int64_t nbytes);  // whether nbytes more fit, without raising
 struct MemoryStats {
-  int64_t capacity, limit, allocated, peak, num_allocs, num_frees, num_ooms;
+  int64_t capacity, limit, allocated, peak;
+  int64_t live;  // charged allocations not yet released
+  // Accumulated since install or the last reset_accumulated_memory_stats:
+  int64_t num_allocs, num_frees, bytes_allocated, bytes_freed, num_ooms;
 };
 // torch.neuron.set_per_process_memory_fraction: allocations beyond fraction * capacity raise
 // torch.OutOfMemoryError, as the CUDA caching allocator's do.

@@ -303,6 +303,44 @@ def test_memory_stats_and_mem_get_info_agree_with_memory_allocated():
     del x
 
 
+def test_memory_stats_offer_torch_neuronx_keys_beside_cudas_and_they_agree():
+    # TorchNeuron's own code and tests read these keys (torch_neuronx/memory.py,
+    # tests/memory/test_memory_stats.py) and got KeyError.
+    torch.neuron.reset_peak_memory_stats()
+    torch.neuron.reset_accumulated_memory_stats()
+    stats = torch.neuron.memory_stats()
+    assert stats["allocation_requests"] == stats["num_tensor_frees"] == stats["num_ooms"] == 0
+    for figure in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        assert set(stats[figure]) == {"current", "peak", "allocated", "freed"}
+        assert stats[figure]["peak"] == stats[figure]["current"] == torch.neuron.memory_allocated()
+    x = torch.empty(1024, device="neuron")  # 4096 bytes
+    after = torch.neuron.memory_stats()
+    assert after["allocated_bytes"]["current"] == stats["allocated_bytes"]["current"] + 4096
+    assert after["allocated_bytes"]["allocated"] == 4096 and after["allocation_requests"] == 1
+    del x
+    freed = torch.neuron.memory_stats()
+    assert freed["num_tensor_frees"] == 1 and freed["allocated_bytes"]["freed"] == 4096
+    assert freed["allocated_bytes"]["peak"] == stats["allocated_bytes"]["current"] + 4096
+    # CUDA's keys give the same figures
+    assert freed["allocated_bytes.all.allocated"] == 4096 and freed["allocated_bytes.all.freed"] == 4096
+    assert freed["allocation.all.allocated"] == 1 and freed["allocation.all.freed"] == 1
+    assert freed["reserved_bytes.all.current"] == torch.neuron.memory_reserved()
+    assert "allocated_bytes" not in torch.neuron.memory_stats_as_nested_dict()["allocated_bytes"]["all"]
+    # reset_accumulated_memory_stats restarts the accumulated figures, as CUDA's and TorchNeuron's
+    torch.neuron.reset_accumulated_memory_stats()
+    reset = torch.neuron.memory_stats()
+    assert (reset["allocation_requests"], reset["num_tensor_frees"], reset["allocated_bytes"]["allocated"]) == (0, 0, 0)
+    assert reset["allocation.all.current"] == freed["allocation.all.current"]  # what is live stays counted
+
+
+def test_memory_summary_takes_abbreviated_and_shows_torch_neuronx_table_in_full():
+    # memory_summary(abbreviated=True) raised TypeError.
+    full, short = torch.neuron.memory_summary(), torch.neuron.memory_summary(abbreviated=True)
+    assert full.startswith(short) and len(short) < len(full)
+    assert "Neuron Memory Summary, Device 0" in full and "Allocated Memory" in full
+    assert "Neuron Memory Summary, Device 1" in torch.neuron.memory_summary(device=1, abbreviated=False)
+
+
 def test_torch_accelerator_memory_functions_report_the_devices_own_accounting():
     # Before the C++ allocator they failed: "Allocator for neuron is not a DeviceAllocator".
     torch.accelerator.reset_peak_memory_stats()

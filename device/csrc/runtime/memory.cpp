@@ -44,8 +44,13 @@ struct DeviceMemory {
   int64_t limit = 0;  // what this process may use: capacity * set_per_process_memory_fraction
   int64_t allocated = 0;
   int64_t peak = 0;
+  int64_t live = 0;  // charged allocations not yet released
+  // Accumulated since install or the last reset_accumulated_memory_stats, as CUDA's allocator
+  // counts them: allocations and frees, and the bytes they charged and released.
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
+  int64_t bytes_allocated = 0;
+  int64_t bytes_freed = 0;
   int64_t num_ooms = 0;
 };
 
@@ -199,9 +204,11 @@ struct NeuronAllocator final : public c10::DeviceAllocator {
                        &stats.requested_bytes[all]}) {
       stat->current = m.allocated;
       stat->peak = m.peak;
+      stat->allocated = m.bytes_allocated;
+      stat->freed = m.bytes_freed;
     }
     for (auto* stat : {&stats.allocation[all], &stats.segment[all], &stats.active[all]}) {
-      stat->current = m.num_allocs - m.num_frees;
+      stat->current = m.live;
       stat->allocated = m.num_allocs;
       stat->freed = m.num_frees;
     }
@@ -214,7 +221,7 @@ struct NeuronAllocator final : public c10::DeviceAllocator {
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     DeviceMemory& m = memory_of(device);
     std::lock_guard<std::mutex> guard(m.lock);
-    m.num_ooms = 0;
+    m.num_allocs = m.num_frees = m.bytes_allocated = m.bytes_freed = m.num_ooms = 0;
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
@@ -235,7 +242,9 @@ void charge(c10::DeviceIndex d, size_t nbytes, bool check) {
     check_fits(m, d, static_cast<int64_t>(nbytes));
   }
   add(m, static_cast<int64_t>(nbytes));
+  m.live++;
   m.num_allocs++;
+  m.bytes_allocated += static_cast<int64_t>(nbytes);
 }
 
 void release(c10::DeviceIndex d, size_t nbytes) noexcept {
@@ -245,7 +254,9 @@ void release(c10::DeviceIndex d, size_t nbytes) noexcept {
   DeviceMemory& m = *g_memory[d];
   std::lock_guard<std::mutex> guard(m.lock);
   m.allocated -= static_cast<int64_t>(nbytes);
+  m.live--;
   m.num_frees++;
+  m.bytes_freed += static_cast<int64_t>(nbytes);
 }
 
 void install_memory(const std::vector<int64_t>& capacities) {
@@ -275,7 +286,8 @@ bool fits(c10::DeviceIndex d, int64_t nbytes) {
 MemoryStats memory_stats(c10::DeviceIndex d) {
   DeviceMemory& m = memory_of(d);
   std::lock_guard<std::mutex> guard(m.lock);
-  return {m.capacity, m.limit, m.allocated, m.peak, m.num_allocs, m.num_frees, m.num_ooms};
+  return {m.capacity, m.limit, m.allocated, m.peak, m.live, m.num_allocs, m.num_frees, m.bytes_allocated,
+          m.bytes_freed, m.num_ooms};
 }
 
 void set_memory_fraction(c10::DeviceIndex d, double fraction) {
