@@ -11,6 +11,7 @@ import types
 
 import torch
 
+from .errors import NeuronInvalidDeviceIdError
 from .memory import format_bytes
 from .profiles import PROFILES
 from .runtime import Runtime
@@ -44,6 +45,29 @@ def _device_index(runtime: Runtime, device) -> int:
     if isinstance(device, int):
         return runtime.check_index(device)
     raise TypeError(f"device must be an int, a str or a torch.device, not {type(device).__name__}")
+
+
+def _device_id(runtime: Runtime, device, what: str = "device id") -> int:
+    """The index torch.cuda's get_device_properties accepts: None (or a device without an
+    index) is the current device; any other index outside [0, device_count()), -1 included,
+    raises NeuronInvalidDeviceIdError, an AssertionError as torch.cuda's "Invalid device id"."""
+    if device is None:
+        return runtime.current_index
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"Expected a neuron device, but got: {device}")
+        if device.index is None:
+            return runtime.current_index
+        device = device.index
+    if not isinstance(device, int):
+        raise TypeError(f"device must be an int, a str or a torch.device, not {type(device).__name__}")
+    if not 0 <= device < runtime.device_count:
+        raise NeuronInvalidDeviceIdError(
+            f"Invalid {what}: neuron:{device}. It must be in [0, {runtime.device_count}) (None for the current "
+            f"device; -1 is not one here, as for torch.cuda.get_device_properties).")
+    return device
 
 
 def _memory(runtime, device):
@@ -166,7 +190,7 @@ def build_module(runtime: Runtime) -> types.ModuleType:
     def can_device_access_peer(device, peer_device) -> bool:
         """Whether device can read peer_device's memory directly: every pair of distinct
         neuron devices can (one host memory; NeuronLink between a chip's cores), none with itself."""
-        return _device_index(runtime, device) != _device_index(runtime, peer_device)
+        return _device_id(runtime, device) != _device_id(runtime, peer_device, "peer device id")
 
     def get_arch_list() -> list[str]:
         """The device profiles this emulator models (NEURON_PROFILE picks one)."""
@@ -302,7 +326,7 @@ def build_module(runtime: Runtime) -> types.ModuleType:
 
     # -- properties --------------------------------------------------------------------
     def get_device_properties(device=None) -> NeuronDeviceProperties:
-        index = _device_index(runtime, device)
+        index = _device_id(runtime, device)
         cfg = runtime.config
         share = cfg.logical_cores / cfg.profile.neuron_cores_per_chip
         return NeuronDeviceProperties(
@@ -313,12 +337,12 @@ def build_module(runtime: Runtime) -> types.ModuleType:
             launch_overhead_us=cfg.launch_overhead_us)
 
     def get_device_name(device=None) -> str:
-        _device_index(runtime, device)
+        _device_id(runtime, device)
         cfg = runtime.config
         return f"AWS Trainium {cfg.profile.name} (emulated, {cfg.logical_cores} NeuronCores)"
 
     def get_device_capability(device=None) -> tuple[int, int]:
-        _device_index(runtime, device)
+        _device_id(runtime, device)
         return (int(runtime.config.profile.name[-1]), 0)
 
     def is_bf16_supported(including_emulation: bool = True) -> bool:

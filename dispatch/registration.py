@@ -11,7 +11,7 @@ import adaptive_eager.device as neuron_device
 from adaptive_eager.device import native, settings
 from adaptive_eager.device.torch_module import build_module
 
-from . import attention, autocast, builtin_kernels, cuda_dtypes, distributed, refusal
+from . import attention, autocast, builtin_kernels, cuda_dtypes, distributed, refusal, sharing
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 
@@ -72,6 +72,9 @@ def register() -> None:
         autocast.register(lib)
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()
+        # A neuron tensor sent to another process is refused, saying what to do instead:
+        # Note [Neuron tensors stay in their process] in sharing.py.
+        sharing.install()
         if CONTEXT.executor is None:
             install_executor(EagerExecutor())
         runtime.add_sync_hook(_drain_executor)

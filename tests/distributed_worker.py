@@ -78,6 +78,51 @@ def collectives(rank: int, world: int) -> dict:
     return out
 
 
+def _attempt(fn):
+    """fn()'s value, or the error it raised as 'Type: message' (a check that must not stop the run)."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 (recorded for the test to show)
+        return f"{type(exc).__name__}: {exc}"
+
+
+def reduce_ops_as_nccl(rank: int, world: int) -> dict:
+    """AVG of integers and PREMUL_SUM, which gloo lacks, on neuron tensors (Note [Reduce ops as
+    NCCL computes them] in device/csrc/aten/collectives.cpp), and float AVG, which stays gloo's."""
+    def all_reduce(values, dtype, op, async_op=False):
+        t = torch.tensor(values, dtype=dtype, device="neuron")
+        work = dist.all_reduce(t, op=op, async_op=async_op)
+        if async_op:
+            work.wait()
+        return t.tolist()
+
+    out = {}
+    # rank 0: [1, -1, 7], rank 1: [2, -4, 8]; sums [3, -5, 15]; NCCL truncates toward zero
+    ints = [[1, -1, 7], [2, -4, 8]][rank]
+    for dtype in (torch.int32, torch.int64, torch.uint8):
+        values = [abs(v) for v in ints] if dtype == torch.uint8 else ints
+        out[f"avg_{dtype}"] = _attempt(lambda: all_reduce(values, dtype, dist.ReduceOp.AVG))
+    out["avg_int64_async"] = _attempt(lambda: all_reduce(ints, torch.int64, dist.ReduceOp.AVG, async_op=True))
+    out["avg_float32"] = _attempt(lambda: all_reduce([1.0, 4.0], torch.float32, dist.ReduceOp.AVG))
+    floats = [[1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 5.0, 6.0]][rank]
+    out["premul_sum_scalar"] = _attempt(lambda: all_reduce(floats, torch.float32, dist._make_nccl_premul_sum(2.5)))
+    factor = torch.tensor([2.5], device="neuron")
+    out["premul_sum_tensor"] = _attempt(lambda: all_reduce(floats, torch.float32, dist._make_nccl_premul_sum(factor)))
+    # bfloat16: the factor is rounded to bfloat16 first (0.3 -> 0.30078125), as NCCL does
+    out["premul_sum_bf16"] = _attempt(lambda: all_reduce([1.0, 3.0], torch.bfloat16, dist._make_nccl_premul_sum(0.3)))
+
+    def reduce_scatter(op, dtype):
+        source = (torch.arange(2 * world, device="neuron") * (rank + 1)).to(dtype)
+        before = source.tolist()
+        result = torch.empty(2, dtype=dtype, device="neuron")
+        dist.reduce_scatter_tensor(result, source, op=op)
+        return {"result": result.tolist(), "input_unchanged": source.tolist() == before}
+
+    out["reduce_scatter_premul_sum"] = _attempt(lambda: reduce_scatter(dist._make_nccl_premul_sum(0.5), torch.float32))
+    out["reduce_scatter_avg_int"] = _attempt(lambda: reduce_scatter(dist.ReduceOp.AVG, torch.int64))
+    return out
+
+
 def _step(w, collective: bool):
     h = (w @ w).tanh()
     h.mul_(0.5)
@@ -263,6 +308,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"rank": rank, "world": world, "backend": dist.get_backend()}
     result.update(collectives(rank, world))
+    result.update(reduce_ops_as_nccl(rank, world))
     if "--default-init" not in sys.argv:
         result.update(collectives_in_the_adaptive_engine(rank))
         result.update(ddp(rank, world))

@@ -36,7 +36,8 @@ c10::DeviceIndex device_count();
 // Whether the guard's setDevice ever ran: C++ autograd's device threads start with it.
 bool autograd_device_threads_may_run();
 c10::DeviceIndex current_device();
-// Raises an IndexError naming the valid range for an index that is not a device.
+// Raises torch.AcceleratorError naming the valid range for an index that is not a device
+// (Note [An invalid device is an AcceleratorError] in runtime/guard.cpp).
 c10::DeviceIndex checked_device(int64_t index);
 void set_current_device(int64_t index);
 // Registers the guard and hooks for device_count devices. Once, at install.

@@ -145,6 +145,27 @@ def test_set_device_rejects_an_index_out_of_range_and_another_device_type(restor
     assert torch.neuron.current_device() == 0
 
 
+@pytest.mark.parametrize("use", [
+    lambda n: torch.neuron.set_device(n),
+    lambda n: torch.accelerator.set_device_index(n),
+    lambda n: torch.ones(1, device=f"neuron:{n}"),
+    lambda n: torch.ones(1).to(f"neuron:{n}"),
+    lambda n: torch.neuron.synchronize(n),
+    lambda n: torch.neuron.memory_allocated(n),
+], ids=["torch.neuron.set_device", "torch.accelerator.set_device_index", "factory", "to", "synchronize",
+        "memory_allocated"])
+def test_a_device_index_out_of_range_raises_accelerator_error_as_cuda(use, restore_current_device):
+    # The C++ guard raised IndexError, which `except RuntimeError` misses. CUDA raises
+    # torch.AcceleratorError ("invalid device ordinal"), a RuntimeError, from torch's APIs;
+    # the runtime's Python check raises the same type (Note [An invalid device is an AcceleratorError]).
+    count = torch.neuron.device_count()
+    with pytest.raises(torch.AcceleratorError, match=rf"Invalid device: neuron:{count}\. .*must be in \[0, {count}\)") as e:
+        use(count)
+    assert not isinstance(e.value, IndexError)
+    assert e.value.error_code == 101  # CUDA's cudaErrorInvalidDevice
+    assert torch.neuron.current_device() == 0
+
+
 # -- synchronize --------------------------------------------------------------------------
 def test_synchronize_and_accelerator_synchronize_drain_held_back_work():
     drained = []
@@ -404,8 +425,29 @@ def test_device_name_and_properties_describe_the_configured_profile():
     assert profile in torch.neuron.get_device_name(1) == props.name
     assert props.total_memory == CONTEXT.runtime.config.capacity_bytes
     assert props.neuron_cores == CONTEXT.runtime.config.logical_cores
-    with pytest.raises(NeuronDeviceError, match="Invalid device: neuron:42"):
+    with pytest.raises(NeuronDeviceError, match="Invalid device id: neuron:42"):
         torch.neuron.get_device_properties(42)
+
+
+@pytest.mark.parametrize("query", [torch.neuron.get_device_properties, torch.neuron.get_device_name,
+                                   torch.neuron.get_device_capability,
+                                   lambda index: torch.neuron.can_device_access_peer(0, index)],
+                         ids=["get_device_properties", "get_device_name", "get_device_capability",
+                              "can_device_access_peer"])
+@pytest.mark.parametrize("index", [-1, 99, "neuron:99"])
+def test_device_properties_of_minus_one_or_a_missing_device_raise_as_torch_cuda(query, index, restore_current_device):
+    # get_device_properties(-1) returned the current device's; torch.cuda's raise
+    # AssertionError("Invalid device id") for -1 and any index outside [0, device_count()).
+    torch.neuron.set_device(1)
+    with pytest.raises(AssertionError, match=r"Invalid (peer )?device id: neuron:(-1|99)\. It must be in \[0, ") as e:
+        query(index)
+    assert isinstance(e.value, NeuronDeviceError)  # a RuntimeError too
+
+
+def test_device_properties_of_none_or_an_unindexed_device_are_the_current_devices(restore_current_device):
+    torch.neuron.set_device(1)
+    assert torch.neuron.get_device_properties() == torch.neuron.get_device_properties("neuron") \
+        == torch.neuron.get_device_properties(1)
 
 
 def test_bf16_and_amp_dtypes_are_supported():

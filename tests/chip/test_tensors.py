@@ -1,6 +1,8 @@
 """Tensors on `neuron`: factories, moves, modules, views and in-place updates, host reads,
 device checks, counters, and checkpoints."""
 import io
+import multiprocessing
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -101,9 +103,9 @@ def test_random_factories_are_reproducible_with_the_same_seed(draw):
 
 
 def test_factory_on_a_device_that_does_not_exist_names_the_valid_range():
-    # An IndexError, as torch's own index checks raise, from the C++ guard (native tensors)
-    # and from the runtime (NeuronDeviceIndexError, a NeuronDeviceError too) alike.
-    with pytest.raises(IndexError, match=r"Invalid device: neuron:9\. .*must be in \[0, "):
+    # torch.AcceleratorError, as CUDA's invalid device ordinal, from the C++ guard (native
+    # tensors) and from the runtime (NeuronDeviceIndexError) alike (test_device_api.py).
+    with pytest.raises(torch.AcceleratorError, match=r"Invalid device: neuron:9\. .*must be in \[0, "):
         torch.ones(1, device="neuron:9")
 
 
@@ -362,6 +364,28 @@ def test_load_with_map_location_neuron_is_safe_and_honours_the_index():
     r = run_json(_LOAD_MAP_NEURON)
     assert r == {"neuron": ["neuron:0", True], "neuron:2": ["neuron:2", True],
                  "dict": ["neuron:3", True]}
+
+
+# -- other processes: Note [Neuron tensors stay in their process] (dispatch/sharing.py) ---------------
+@pytest.mark.parametrize("send", [
+    lambda obj: ForkingPickler.dumps(obj),  # what a multiprocessing Queue's put does
+    lambda obj: multiprocessing.get_context("spawn").Process(target=print, args=(obj,)).start(),
+], ids=["queue", "spawn-args"])
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(3, device="neuron"),
+    lambda: torch.nn.Parameter(torch.ones(3, device="neuron")),
+    lambda: torch.ones(3, device="neuron").untyped_storage(),
+], ids=["tensor", "parameter", "storage"])
+def test_sending_a_neuron_tensor_to_another_process_says_to_send_a_cpu_tensor(make, send):
+    # torch's reducer took it for a CPU tensor: "_share_fd_: only available on CPU", no hint.
+    with pytest.raises(RuntimeError, match=r"Cannot send a neuron (tensor|storage) to another process.*"
+                       r"Move it to the CPU before sending.*\.to\('neuron'\) in the receiving process"):
+        send(make())
+
+
+def test_a_cpu_tensor_still_goes_to_another_process_through_shared_memory():
+    rebuild, args = ForkingPickler._extra_reducers[torch.Tensor](torch.ones(3))
+    assert callable(rebuild) and args  # torch's own reducer: shared memory, no copy through the pipe
 
 
 # -- layouts: neuron tensors are dense (Note [Dense layouts only] in device/csrc/aten/layouts.cpp) --

@@ -121,6 +121,36 @@ def test_a_cpu_tensor_in_a_neuron_collective_is_refused_with_the_device_error(ra
         assert "c10d::allgather_" in r["mixed_device_error"], r["mixed_device_error"]  # the op, named
 
 
+# -- reduce ops gloo lacks: Note [Reduce ops as NCCL computes them] (device/csrc/aten/collectives.cpp) --
+def test_all_reduce_avg_of_integers_sums_then_truncates_toward_zero_as_nccl(ranks):
+    # gloo raised "result type Float can't be cast to the desired output type Long".
+    for r in ranks:
+        for dtype in ("torch.int32", "torch.int64"):
+            assert r[f"avg_{dtype}"] == [1, -2, 7], r[f"avg_{dtype}"]  # [3, -5, 15] / 2, toward zero
+        assert r["avg_torch.uint8"] == [1, 2, 7]  # [3, 5, 15] / 2
+        assert r["avg_int64_async"] == [1, -2, 7]
+        assert r["avg_float32"] == [1.0, 4.0]  # floating AVG: gloo's own, unchanged
+
+
+def test_premul_sum_scales_each_ranks_input_then_sums_as_nccl(ranks):
+    # gloo raised "Cannot use ReduceOp.PREMUL_SUM with Gloo".
+    for r in ranks:
+        assert r["premul_sum_scalar"] == [10.0, 15.0, 20.0, 25.0], r["premul_sum_scalar"]
+        assert r["premul_sum_tensor"] == [10.0, 15.0, 20.0, 25.0], r["premul_sum_tensor"]
+        factor = torch.tensor(0.3, dtype=torch.bfloat16)
+        per_rank = [torch.tensor([1.0, 3.0], dtype=torch.bfloat16) * factor] * 2
+        assert r["premul_sum_bf16"] == (per_rank[0] + per_rank[1]).tolist()
+
+
+def test_reduce_scatter_premul_sum_and_integer_avg_leave_the_input_as_it_was(ranks):
+    # input on rank k is [0,1,2,3] * (k+1): premul 0.5 then sum gives [0,1.5,3,4.5]; AVG of the
+    # integers [0,3,6,9] / 2 toward zero gives [0,1,3,4]
+    assert [r["reduce_scatter_premul_sum"] for r in ranks] == [
+        {"result": [0.0, 1.5], "input_unchanged": True}, {"result": [3.0, 4.5], "input_unchanged": True}]
+    assert [r["reduce_scatter_avg_int"] for r in ranks] == [
+        {"result": [0, 1], "input_unchanged": True}, {"result": [3, 4], "input_unchanged": True}]
+
+
 # -- the adaptive engine ---------------------------------------------------------------------------
 def test_collectives_waits_and_redistributions_are_classified_as_collectives():
     for module in ("torch.distributed._functional_collectives", "torch.distributed.tensor"):

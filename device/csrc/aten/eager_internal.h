@@ -52,6 +52,19 @@ c10::Storage adopt(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result)
 // A neuron tensor on `storage` with `geometry`'s dtype, geometry and math bits.
 at::Tensor neuron_tensor_on(c10::Storage storage, const at::Tensor& geometry);
 
+// -- collectives.cpp: Note [Reduce ops as NCCL computes them] ------------------------------
+// What rewrite_reduce_op changed in a c10d collective's arguments (already host aliases), for
+// finish_reduce_op to complete after gloo's kernel ran: the results to divide, by what.
+struct ReduceRewrite {
+  bool active = false;
+  int64_t divide_by = 0;  // an integer AVG: the world size; 0: nothing to divide
+  std::vector<at::Tensor> results;  // the op's results (host aliases)
+  std::vector<at::Tensor> scratch;  // what gloo sums into instead, one per result
+  c10::IValue returned;             // the results argument, as the op returns it
+};
+ReduceRewrite rewrite_reduce_op(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first);
+void finish_reduce_op(const ReduceRewrite& rewrite, torch::jit::Stack* stack, size_t num_returns);
+
 // -- generator_lending.cpp: random ops draw from the device's generator ---------------------
 // Whether a schema argument is a Generator or Generator?.
 bool is_optional_generator(const c10::Argument& a);

@@ -377,11 +377,17 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (profiling() && !in_fused_launch()) {
     range.emplace("neuron::" + name.name);
   }
+  // Note [Reduce ops as NCCL computes them] (collectives.cpp): PREMUL_SUM and integer AVG.
+  const ReduceRewrite reduce = name.name.compare(0, 6, "c10d::") == 0 ? rewrite_reduce_op(op, stack, first)
+                                                                       : ReduceRewrite{};
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } catch (const c10::NotImplementedError&) {
     refuse_without_cpu_kernel(op);  // says why in neuron's terms, or rethrows what the kernel said
     throw;
+  }
+  if (reduce.active) {
+    finish_reduce_op(reduce, stack, schema.returns().size());
   }
   lent.reset();
 

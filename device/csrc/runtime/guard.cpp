@@ -32,12 +32,25 @@ thread_local DeviceIndex t_current_device = 0;
 
 std::string g_refusal;  // why there is no device (install_refusing_guard), until install_guard
 
+// Note [An invalid device is an AcceleratorError]: a device index out of range raises what
+// CUDA raises for torch's own APIs (a factory on cuda:9, torch.cuda.set_device(9),
+// torch.accelerator.set_device_index(9)): torch.AcceleratorError, a RuntimeError, with the
+// driver's error code (cudaErrorInvalidDevice, 101, kept so that code reading error_code as on
+// CUDA reads the same). Not IndexError, which `except RuntimeError` misses; not TorchNeuron's
+// ValueError, since code written for torch catches what torch.cuda raises. The runtime's
+// Python check raises the same type (NeuronDeviceIndexError, device/errors.py).
+constexpr int32_t kInvalidDevice = 101;
+
 DeviceIndex checked(DeviceIndex index) {
   const DeviceIndex count = g_device_count.load();
   TORCH_CHECK(count > 0 || g_refusal.empty(), g_refusal);
-  TORCH_CHECK_INDEX(index >= 0 && index < count, "Invalid device: neuron:", static_cast<int>(index),
-                    ". The device index is out of range; it must be in [0, ", static_cast<int>(count),
-                    ") (set NEURON_NUM_DEVICES or NEURON_LOGICAL_NC_CONFIG for more devices).");
+  if (index < 0 || index >= count) {
+    throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, kInvalidDevice,
+                                c10::str("Invalid device: neuron:", static_cast<int>(index),
+                                         ". The device index is out of range; it must be in [0, ",
+                                         static_cast<int>(count),
+                                         ") (set NEURON_NUM_DEVICES or NEURON_LOGICAL_NC_CONFIG for more devices)."));
+  }
   return index;
 }
 
