@@ -16,7 +16,9 @@ The other ops whose CUDA kernel takes dtypes CPU's refuses (OpInfo's dtypesIfCUD
 dtypes, torch 2.13) are mostly complex32 (unary math, sum, prod, pow, lerp, convolutions) and
 float16/complex32 FFTs, float16/bfloat16 avg_pool3d, multi(label)_margin_loss and
 _upsample_bilinear2d_aa, bool abs/softsign/trace, complex nansum/nanmean. No library we know
-takes those paths on an accelerator only, so they still give CPU's error on neuron.
+takes those paths on an accelerator only, so they still give CPU's result or CPU's error on
+neuron. KNOWN_CUDA_DTYPE_GAPS below lists each with what neuron does; the test sweep fails on
+a gap it does not list, and checks each "cpu" entry gives CPU's value or error.
 """
 from __future__ import annotations
 
@@ -28,6 +30,46 @@ from torch import Tensor
 from torch._prims_common.wrappers import _maybe_resize_out
 
 from .custom_kernels import custom_kernel
+
+# Every OpInfo (name, variant) whose dtypesIfCUDA holds dtypes its dtypes (CPU's) lacks, in
+# torch 2.13's op_db, with what neuron does for them: "cuda" (computes CUDA's result, here) or
+# "cpu" (CPU's kernel runs: CPU's result where it has one, else CPU's error, word for word).
+# tests/integrations/test_cuda_dtypes.py sweeps op_db and fails on a gap missing here: a new
+# one is a crash waiting on accelerator-only code until someone decides what neuron does.
+_C32, _F16, _BF16 = "complex32", "float16", "bfloat16"
+_COMPLEX32_ONLY = ("acos", "acosh", "angle", "asin", "asinh", "atan", "atanh", "cos", "cosh", "diag", "exp", "lerp",
+                   "log", "logaddexp", "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
+                   "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d",
+                   "nn.functional.conv_transpose3d", "pow", "prod", "rsqrt", "sigmoid", "sin", "sinh", "sqrt", "sum",
+                   "tan", "tanh", "true_divide")
+KNOWN_CUDA_DTYPE_GAPS: dict[tuple[str, str], tuple[frozenset, str]] = {
+    **{(name, ""): (frozenset({_C32}), "cpu") for name in _COMPLEX32_ONLY},
+    ("div", "no_rounding_mode"): (frozenset({_C32}), "cpu"),
+    **{(f"fft.{name}", ""): (frozenset({_C32, _F16}), "cpu")
+       for name in ("fft", "fft2", "fftn", "hfft", "hfft2", "hfftn", "ifft", "ifft2", "ifftn", "irfft", "irfft2",
+                    "irfftn")},
+    **{(f"fft.{name}", ""): (frozenset({_F16}), "cpu")
+       for name in ("ihfft", "ihfft2", "ihfftn", "rfft", "rfft2", "rfftn")},
+    ("histc", ""): (frozenset({"uint8", "int8", "int16", "int32", "int64"}), "cuda"),
+    ("nanmean", ""): (frozenset({"complex32", "complex64", "complex128"}), "cpu"),
+    ("nansum", ""): (frozenset({"complex32", "complex64", "complex128"}), "cpu"),
+    ("_upsample_bilinear2d_aa", ""): (frozenset({_F16, _BF16}), "cpu"),
+    ("nn.functional.avg_pool3d", ""): (frozenset({_F16, _BF16}), "cpu"),
+    ("nn.functional.multi_margin_loss", ""): (frozenset({_F16, _BF16}), "cpu"),
+    ("nn.functional.multilabel_margin_loss", ""): (frozenset({_F16, _BF16}), "cpu"),
+    ("nn.functional.rrelu", ""): (frozenset({_F16}), "cpu"),
+    **{("polygamma", f"polygamma_n_{n}"): (frozenset({_F16}), "cpu") for n in (1, 2, 3, 4)},
+    ("round", "decimals_3"): (frozenset({_F16}), "cpu"),
+    ("round", "decimals_neg_3"): (frozenset({_F16}), "cpu"),
+    ("abs", ""): (frozenset({"bool"}), "cpu"),
+    ("nn.functional.softsign", ""): (frozenset({"bool"}), "cpu"),
+    ("trace", ""): (frozenset({"bool", _C32}), "cpu"),
+    # OpInfo lists no CPU dtypes for these: cuDNN-free batch norm and the fused attention
+    # kernels are CUDA's variants of ops neuron runs through CPU's own paths.
+    ("nn.functional.batch_norm", "without_cudnn"): (frozenset({_F16, _BF16, "float32", "float64"}), "cpu"),
+    ("torch.ops.aten._efficient_attention_forward", ""): (frozenset({_F16, "float32"}), "cpu"),
+    ("torch.ops.aten._flash_attention_forward", ""): (frozenset({_F16}), "cpu"),
+}
 
 # AT_DISPATCH_ALL_TYPES of `_histc_cuda`, less its floating types (CPU's kernel has those).
 CUDA_INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})

@@ -255,3 +255,85 @@ def test_qwen3_moe_default_experts_train_bitwise_as_on_cpu(mode, steps, monkeypa
     differ = [k for k in cpu_state if not torch.equal(cpu_state[k], state[k])]
     assert not differ, f"{len(differ)} of {len(cpu_state)} tensors differ from CPU's, first {differ[:3]}"
 
+
+
+# -- the sweep: every op whose CUDA kernel takes a dtype CPU's refuses (issue 37, item 7) -------
+
+def _cuda_dtype_gaps() -> dict:
+    """(name, variant) -> the dtypes OpInfo says CUDA's kernel takes and CPU's does not."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    gaps = {}
+    for op in op_db:
+        missing = set(op.dtypesIfCUDA) - set(op.dtypes)
+        if missing:
+            gaps[(op.name, op.variant_test_name)] = frozenset(str(d).removeprefix("torch.") for d in missing)
+    return gaps
+
+
+def test_no_op_takes_a_dtype_on_cuda_that_neuron_has_not_decided_about():
+    """A gap not in KNOWN_CUDA_DTYPE_GAPS is a crash waiting on code written for accelerators
+    (as integer histc was for every HF mixture-of-experts model): decide what neuron does for
+    it, compute CUDA's result or keep CPU's error, and list it there."""
+    from adaptive_eager.dispatch.cuda_dtypes import KNOWN_CUDA_DTYPE_GAPS
+
+    gaps = _cuda_dtype_gaps()
+    assert ("histc", "") in gaps  # the sweep sees the gap it was written for: else it could not fail
+    new = {key: sorted(dtypes - KNOWN_CUDA_DTYPE_GAPS.get(key, (frozenset(), ""))[0])
+           for key, dtypes in gaps.items()}
+    new = {key: dtypes for key, dtypes in new.items() if dtypes}
+    assert not new, f"ops whose CUDA kernel takes dtypes CPU's refuses, undecided on neuron: {new}"
+
+
+def _cpu_gap_cases():
+    from adaptive_eager.dispatch.cuda_dtypes import KNOWN_CUDA_DTYPE_GAPS
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    by_key = {(op.name, op.variant_test_name): op for op in op_db}
+    return [pytest.param(by_key[key], dtype, id=f"{key[0]}.{key[1]}-{dtype}" if key[1] else f"{key[0]}-{dtype}")
+            for key, (dtypes, does) in sorted(KNOWN_CUDA_DTYPE_GAPS.items())
+            if does == "cpu" and key in by_key for dtype in sorted(dtypes)]
+
+
+def _outcome(op, sample):
+    try:
+        return "value", op(sample.input, *sample.args, **sample.kwargs)
+    except Exception as e:  # noqa: BLE001: CPU's error, whatever its type, is the expected one
+        return "error", (type(e), str(e).split("\n")[0])
+
+
+@pytest.mark.parametrize("op, dtype", _cpu_gap_cases())
+def test_a_dtype_only_cuda_takes_gives_cpus_result_or_cpus_error_on_neuron(op, dtype):
+    """Where neuron keeps CPU's kernel, the first OpInfo sample in that dtype gives CPU's
+    value, or CPU's error type with CPU's message or one of neuron's own that names the op
+    (an op CPU has no kernel for at all, as CUDA's fused attention kernels)."""
+    from torch.utils._pytree import tree_map
+
+    torch_dtype = getattr(torch, dtype)
+    samples = op.sample_inputs("cpu", torch_dtype, requires_grad=False)
+    sample = next(iter(samples), None)
+    if sample is None:
+        pytest.skip(f"OpInfo has no {dtype} sample for {op.name}")
+    on_neuron = sample.transform(lambda t: t.to("neuron") if isinstance(t, torch.Tensor) else t)
+    kind, cpu = _outcome(op, sample)
+    neuron_kind, neuron = _outcome(op, on_neuron)
+    assert neuron_kind == kind, f"CPU gave {kind} {cpu if kind == 'error' else ''}, neuron {neuron_kind} {neuron}"
+    if kind == "error":
+        assert neuron[0] is cpu[0] or issubclass(neuron[0], cpu[0]), (cpu, neuron)
+        same_words = neuron[1].replace("neuron", "cpu") == cpu[1].replace("neuron", "cpu")
+        assert same_words or ("neuron" in neuron[1] and op.name.split(".")[-1] in neuron[1]), (cpu, neuron)
+    else:
+        got = tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, neuron)
+        same = tree_map(lambda a, b: _same_values(a, b) if isinstance(a, torch.Tensor) else a == b, cpu, got)
+        assert all(torch.utils._pytree.tree_leaves(same)), (cpu, got)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN where NaN (CPU has no comparison kernels for complex32: widened)."""
+    if a.dtype == torch.complex32:
+        a, b = a.to(torch.complex64), b.to(torch.complex64)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    return bool(((a == b) | (a.isnan() & b.isnan())).all()) if a.is_floating_point() else torch.equal(a, b)
