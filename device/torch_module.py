@@ -32,42 +32,37 @@ class NeuronDeviceProperties:
                 f"total_memory={self.total_memory // 1024**2}MB, neuron_cores={self.neuron_cores})")
 
 
-def _device_index(runtime: Runtime, device) -> int:
-    """Accept None, an int, 'neuron', 'neuron:N' or a torch.device, like torch.cuda does."""
-    if device is None:
-        return runtime.current_index
+def _named_index(device) -> int | None:
+    """The index an int, 'neuron', 'neuron:N' or a torch.device names (None: none, the
+    current device), like torch.cuda's device arguments."""
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != "neuron":
             raise ValueError(f"Expected a neuron device, but got: {device}")
-        return runtime.check_index(device.index)
-    if isinstance(device, int):
-        return runtime.check_index(device)
+        return device.index
+    if device is None or isinstance(device, int):
+        return device
     raise TypeError(f"device must be an int, a str or a torch.device, not {type(device).__name__}")
+
+
+def _device_index(runtime: Runtime, device) -> int:
+    """Accept None, an int, 'neuron', 'neuron:N' or a torch.device, like torch.cuda does."""
+    return runtime.check_index(_named_index(device))
 
 
 def _device_id(runtime: Runtime, device, what: str = "device id") -> int:
     """The index torch.cuda's get_device_properties accepts: None (or a device without an
     index) is the current device; any other index outside [0, device_count()), -1 included,
     raises NeuronInvalidDeviceIdError, an AssertionError as torch.cuda's "Invalid device id"."""
-    if device is None:
+    index = _named_index(device)
+    if index is None:
         return runtime.current_index
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "neuron":
-            raise ValueError(f"Expected a neuron device, but got: {device}")
-        if device.index is None:
-            return runtime.current_index
-        device = device.index
-    if not isinstance(device, int):
-        raise TypeError(f"device must be an int, a str or a torch.device, not {type(device).__name__}")
-    if not 0 <= device < runtime.device_count:
+    if not 0 <= index < runtime.device_count:
         raise NeuronInvalidDeviceIdError(
-            f"Invalid {what}: neuron:{device}. It must be in [0, {runtime.device_count}) (None for the current "
+            f"Invalid {what}: neuron:{index}. It must be in [0, {runtime.device_count}) (None for the current "
             f"device; -1 is not one here, as for torch.cuda.get_device_properties).")
-    return device
+    return index
 
 
 def _memory(runtime, device):

@@ -805,7 +805,9 @@ void run_eager_launch(Launch& launch) {
 void enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::shared_ptr<const DeferPlan> plan) {
   // Note [Streamed launches]: asked for at a match's first op, where the queue is empty; with
   // no room on the stream, the launch is submitted whole at its end instead.
-  const bool open = g_open_next.exchange(false) && g_queue->entries.empty() && g_streaming.load() &&
+  // A plain load first: this runs once per queued op, the exchange once per launch.
+  const bool open = g_open_next.load(std::memory_order_relaxed) && g_open_next.exchange(false) &&
+                    g_queue->entries.empty() && g_streaming.load() &&
                     g_worker->in_flight.load() < kStreamDepth;
   enqueue_into(*g_queue, op, stack, std::move(plan), /*fused=*/true);
   update_held();

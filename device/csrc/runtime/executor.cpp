@@ -215,17 +215,10 @@ struct Executor {
   // Waits, without the GIL (a job may free a Python-owned storage, or run a Python kernel,
   // which takes it), until done > ticket.
   void wait_past(uint64_t ticket) {
-    auto wait = [&] {
+    without_python([&] {
       std::unique_lock<std::mutex> guard(lock);
       ran.wait(guard, [&] { return done > ticket; });
-    };
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      PyThreadState* saved = PyEval_SaveThread();
-      wait();
-      PyEval_RestoreThread(saved);
-    } else {
-      wait();
-    }
+    });
   }
 };
 
