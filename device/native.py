@@ -44,6 +44,7 @@ PeriodDetector = _C.PeriodDetector  # engine/period_detector.cpp (adaptive_eager
 PERIOD_DETECTOR_RECENT = _C.PERIOD_DETECTOR_RECENT
 add_internal_source_dir = _C.add_internal_source_dir
 set_launch_blocking = _C.set_launch_blocking
+set_executor_spin = _C.set_executor_spin
 eager_issue_counts = _C.eager_issue_counts
 host_alias = _C.host_alias
 adopt = _C.adopt

@@ -187,6 +187,7 @@ class Runtime:
         element_us = {dt: self.cost.us_per_vector_element(dt) for dt in _PRICED_DTYPES}
         converted = {dt: why for dt in _PRICED_DTYPES if (why := self.config.profile.converted(dt))}
         native.set_launch_blocking(bool(settings.read("NEURON_LAUNCH_BLOCKING")))  # Note [Eager ops run on the device]
+        native.set_executor_spin(settings.read("NEURON_EXECUTOR_SPIN_US"))  # Note [The executor spins before it sleeps]
         # A posted op's error names the user's line, not torch's nor ours: Note [Where an op was issued].
         for package in (torch, sys.modules[__package__]):
             native.add_internal_source_dir(os.path.dirname(os.path.abspath(package.__file__)) + os.sep)

@@ -162,6 +162,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_internal_source_dir", &neuron::add_internal_source_dir,
         "a folder whose frames a posted op's error skips to name the user's line (Note [Where an op was issued])");
   m.def("set_launch_blocking", &neuron::set_launch_blocking, "True: every eager op runs while its issuer waits");
+  m.def("set_executor_spin", &neuron::set_executor_spin, py::arg("microseconds"),
+        "how long the device's thread watches its empty queue before it sleeps");
   m.def("eager_issue_counts", &neuron::eager_issue_counts, "eager ops issued so far: (posted, waited for)");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");

@@ -146,6 +146,10 @@ void set_device_wait_hooks(void (*before_run)(), uint64_t (*wait_limit)(uint64_t
 void without_python(const std::function<void()>& fn);
 void note_device_error(std::exception_ptr error);  // the first one waits for wait_for_device
 bool device_idle();  // every posted job has run
+// Note [The executor spins before it sleeps]: true once ready() is, false if it is not within
+// the executor's spin budget. For the executor's thread only.
+bool spin_until(const std::function<bool()>& ready);
+void set_executor_spin(int64_t microseconds);  // NEURON_EXECUTOR_SPIN_US
 // Frees the calling thread's OpenMP team, if it has one and no region is open (Note [The
 // device executor]: a host thread's idle team slows every region of the executor's).
 void release_host_thread_team();

@@ -22,6 +22,7 @@ BAD_VALUES = {
     "NEURON_LAUNCH_OVERHEAD_US": ["nan", "inf", "-1", "abc", "1e300"],
     "NEURON_SPEND_LAUNCH_OVERHEAD": ["abc", "-1", "2.5", "yes", "2"],
     "NEURON_ASYNC_LAUNCH": ["abc", "-1", "2.5", "2"],
+    "NEURON_EXECUTOR_SPIN_US": ["-1", "100001", "fast"],
     "NEURON_PROFILER_SOURCES": ["abc", "-1", "true"],
     "NEURON_PLATFORM_TARGET_OVERRIDE": ["trn9", "abc"],
     "NEURON_ADAPTIVE_EAGER": ["banana", "2", "-1"],

@@ -386,3 +386,35 @@ def test_a_fork_in_the_middle_of_a_streamed_step_launches_it_first_and_the_child
               'y': torch.equal(y.cpu(), x.cpu() @ x.cpu()), 'forced': native.forced_seals()})
     """, env={"NEURON_ASYNC_LAUNCH": "1"})
     assert out == {"was_open": True, "child": 0, "y": True, "forced": 0}
+
+
+def test_the_seal_of_a_streamed_launch_waits_for_the_op_running_not_for_the_device_to_catch_up():
+    """The host plans a streamed launch at its seal while none of its entries runs (Note
+    [Streamed launches]): it waits for the entry running then, and the executor takes no further
+    entry until the plan is made. When the executor took its `running` lock again entry after
+    entry, the host waited for every published entry (with one intra-op thread, as here: checked
+    on the old engine, where each step's launch had finished when its last op returned). Each
+    step is 6 matmuls of a few ms and 6 different activations: one launch, the step; after its
+    last op returns, the launch is still running."""
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(512, 512, generator=g) * 0.04).to("neuron")
+    x0 = torch.randn(512, 512, generator=g).to("neuron")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        adaptive_eager.reset_stats()
+        forced = native.forced_seals()
+        still_running = []
+        for _ in range(10):
+            torch.neuron.synchronize()  # the step's launch finds the stream empty
+            x = x0
+            for f in (torch.tanh, torch.sigmoid, F.relu, F.gelu, F.silu, F.elu):
+                x = f(x @ w)
+            still_running.append(not native.launch_finished())
+        torch.neuron.synchronize()
+        s = adaptive_eager.stats()
+    finally:
+        torch.set_num_threads(previous_threads)
+    assert s.stream_launches >= 6  # the steps were streamed (else the test could not fail)
+    assert sum(still_running[-5:]) >= 4, still_running
+    assert native.forced_seals() == forced

@@ -7,6 +7,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -63,8 +64,12 @@ struct StreamFeed {
   std::condition_variable grew;
   size_t published = 0;
   bool sealed = false;
+  bool sealing = false;  // the host plans it (seal_queue): the executor waits for `sealed`
   bool waiting = false;  // the executor sleeps on `grew` until `published` passes `wake_at`
   size_t wake_at = 0;
+  // Counts changes of published, sealed and beside (made under `lock`), for the executor's
+  // spin without the lock (Note [The executor spins before it sleeps]).
+  std::atomic<uint64_t> changes{0};
   // Jobs that touch nothing of the launch (a transfer into bytes only its tensor holds), run
   // between its entries rather than behind it: run_beside_streamed_launch.
   std::deque<std::function<void()>> beside;

@@ -468,9 +468,11 @@ int64_t run_launch(Launch& launch, int64_t* failed) {
 //     holds at its end (Note [On-chip intermediates]): the eager path's prices wait as their
 //     roofline's terms (FusedLaunch::deferred) and are worked out in order once it is sealed,
 //     so its modelled time is the whole launch's, as before.
-//   - The plan is made on the host at the seal, as for a whole launch, while the executor
-//     holds StreamFeed::running (a running entry holds its arguments' storages, which would
-//     read as held by the program).
+//   - The plan is made on the host at the seal, as for a whole launch, while no entry runs
+//     (the host holds StreamFeed::running: a running entry holds its arguments' storages,
+//     which would read as held by the program). From the seal's start (`sealing`) the
+//     executor takes no further entry until the plan is made: the host waits for the entry
+//     running then, not for the device to run every entry published.
 //   - An argument made earlier in the same launch whose entry has run is captured as its
 //     bytes, not as a pending read: the same storage, the same plan.
 //   - It takes its room on the stream at its open: the host collects the older launches that
@@ -503,10 +505,21 @@ int64_t run_streamed_launch(Launch& launch, int64_t* failed) {
     std::function<void()> beside;
     {
       std::unique_lock<std::mutex> guard(feed.lock);
-      if (k >= feed.published && !feed.sealed && feed.beside.empty()) {
+      // Nothing to run: every published entry taken, or the host is planning the launch (it
+      // waits for `running`, which this thread would take again at once, entry after entry,
+      // and the host would wait for the device to catch up: an AdamW step's host time grew
+      // by half).
+      const auto idle = [&] { return feed.beside.empty() && !feed.sealed && (k >= feed.published || feed.sealing); };
+      if (idle()) {
+        const uint64_t seen = feed.changes.load(std::memory_order_relaxed);
+        guard.unlock();
+        spin_until([&] { return feed.changes.load(std::memory_order_acquire) != seen; });
+        guard.lock();
+      }
+      if (idle()) {
         feed.waiting = true;
         feed.wake_at = k + kWakeBatch;
-        feed.grew.wait(guard, [&] { return k < feed.published || feed.sealed || !feed.beside.empty(); });
+        feed.grew.wait(guard, [&] { return !idle(); });
         feed.waiting = false;
       }
       if (!feed.beside.empty()) {
@@ -560,6 +573,10 @@ void seal_queue() {
   launch->issued_ops = static_cast<int64_t>(launch->entries.size());
   forget_fresh();
   StreamFeed& feed = *launch->feed;
+  {
+    const std::lock_guard<std::mutex> guard(feed.lock);
+    feed.sealing = true;  // the executor takes no further entry until it is sealed
+  }
   if (!feed.running.try_lock()) {  // an entry runs: wait for it (it may take the GIL)
     without_python([&] { feed.running.lock(); });
   }
@@ -572,6 +589,7 @@ void seal_queue() {
   {
     const std::lock_guard<std::mutex> guard(feed.lock);
     feed.sealed = true;
+    feed.changes.fetch_add(1, std::memory_order_release);
     wake = feed.waiting;
   }
   if (wake) {
@@ -760,6 +778,7 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
     const std::lock_guard<std::mutex> guard(feed.lock);
     launch.entries.push_back(std::move(entry));
     feed.published = launch.entries.size();
+    feed.changes.fetch_add(1, std::memory_order_release);
     wake = feed.waiting && feed.published >= feed.wake_at;
   }
   if (wake) {
@@ -848,6 +867,7 @@ bool run_beside_streamed_launch(const std::function<void()>& job) {
       done = true;
       done_changed.notify_all();
     });
+    feed.changes.fetch_add(1, std::memory_order_release);
   }
   feed.grew.notify_one();
   without_python([&] {  // the launch's entries may free Python-owned storages

@@ -114,6 +114,63 @@ void settle_released_teams() {
   }
 }
 
+// Note [The executor spins before it sleeps]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A host issuing small ops keeps the executor a little ahead of it: each op runs in a few
+// microseconds and the next arrives some microseconds later. Sleeping on a condition variable
+// in between costs both sides a system call per op (the host's wake, the executor's sleep) and
+// the executor's wake-up latency at every op, and a streamed launch's executor, which is woken
+// only every few entries to spare the host those calls, was still that many entries behind at
+// a host read (a generate() token waited for them: adaptive mode's wall time above eager's).
+// So before it sleeps the executor watches its queue for a moment, as CUDA's default
+// synchronisation spins while the host has a core to spare, and only then sleeps.
+// NEURON_EXECUTOR_SPIN_US sets the moment (0: sleep at once); past its first microseconds the
+// executor yields its core between looks, so the spin costs only a core no thread wants.
+std::atomic<int64_t> g_spin_us{200};
+
+constexpr auto kSpinBeforeYield = std::chrono::microseconds(10);
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+void set_executor_spin(int64_t microseconds) { g_spin_us.store(microseconds); }
+
+bool spin_until(const std::function<bool()>& ready) {
+  const auto budget = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
+  if (budget.count() <= 0) {
+    return ready();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + budget;
+  const auto polite = start + kSpinBeforeYield;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) {
+        return true;
+      }
+      cpu_relax();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= end) {
+      return ready();
+    }
+    if (now >= polite) {
+      // Past the first moment, the core goes to any other thread that wants it between looks
+      // (a rank's host thread, a DataLoader worker).
+      std::this_thread::yield();
+    }
+  }
+}
+
+namespace {
+
 struct Job {
   std::function<void()> run;  // never throws: post_to_device and run_on_device wrap it
   int threads = 1;
@@ -135,6 +192,7 @@ struct Executor {
   std::condition_variable ran;  // issuers wait on it for jobs to end
   std::deque<Job> jobs;
   uint64_t issued = 0;  // jobs posted
+  std::atomic<uint64_t> issued_seen{0};  // `issued`, for the executor's spin without the lock
   uint64_t done = 0;  // jobs run; the jobs run in order, so job k is done when done > k
   bool started = false;
   // The first error of a job no host waited for, until a sync raises it.
@@ -149,6 +207,7 @@ struct Executor {
     }
     jobs.push_back(std::move(job));
     const uint64_t ticket = issued++;
+    issued_seen.store(issued, std::memory_order_release);
     posted.notify_all();  // the thread, and its parked team (Note [The parked team])
     return ticket;
   }
@@ -161,6 +220,12 @@ struct Executor {
       Job job;
       {
         std::unique_lock<std::mutex> guard(lock);
+        if (jobs.empty()) {  // Note [The executor spins before it sleeps]
+          const uint64_t seen = issued;
+          guard.unlock();
+          spin_until([&] { return issued_seen.load(std::memory_order_acquire) != seen; });
+          guard.lock();
+        }
         if (jobs.empty() && team && at::get_num_threads() > 1) {
           guard.unlock();
           const bool woken = park_team();
