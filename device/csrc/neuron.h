@@ -12,13 +12,11 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <typeinfo>
 #include <unordered_map>
@@ -152,9 +150,6 @@ bool device_idle();  // every posted job has run
 // the executor's spin budget. For the executor's thread only.
 bool spin_until(const std::function<bool()>& ready);
 void set_executor_spin(int64_t microseconds);  // NEURON_EXECUTOR_SPIN_US
-// Waits until ready() (evaluated under lock), on cv, with the executor's OpenMP team parked
-// on cv too (Note [The parked team]). For the executor's thread, inside a job.
-void wait_with_team(std::mutex& lock, std::condition_variable& cv, const std::function<bool()>& ready);
 // Frees the calling thread's OpenMP team, if it has one and no region is open (Note [The
 // device executor]: a host thread's idle team slows every region of the executor's).
 void release_host_thread_team();

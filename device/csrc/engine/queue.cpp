@@ -519,12 +519,7 @@ int64_t run_streamed_launch(Launch& launch, int64_t* failed) {
       if (idle()) {
         feed.waiting = true;
         feed.wake_at = k + kWakeBatch;
-        guard.unlock();
-        // With its team parked: a launch open for a whole step kept the team's workers in
-        // libgomp's spin between its entries, a core taken from the host (a small-MLP step's
-        // worker thread was busy 1,025 us of the step's 1,095).
-        wait_with_team(feed.lock, feed.grew, [&] { return !idle(); });
-        guard.lock();
+        feed.grew.wait(guard, [&] { return !idle(); });
         feed.waiting = false;
       }
       if (!feed.beside.empty()) {
@@ -598,7 +593,7 @@ void seal_queue() {
     wake = feed.waiting;
   }
   if (wake) {
-    feed.grew.notify_all();  // the executor and its parked team
+    feed.grew.notify_one();
   }
 }
 
@@ -787,7 +782,7 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
     wake = feed.waiting && feed.published >= feed.wake_at;
   }
   if (wake) {
-    feed.grew.notify_all();  // the executor and its parked team
+    feed.grew.notify_one();
   }
 }
 
@@ -874,7 +869,7 @@ bool run_beside_streamed_launch(const std::function<void()>& job) {
     });
     feed.changes.fetch_add(1, std::memory_order_release);
   }
-  feed.grew.notify_all();  // the executor and its parked team
+  feed.grew.notify_one();
   without_python([&] {  // the launch's entries may free Python-owned storages
     std::unique_lock<std::mutex> waiting(done_lock);
     done_changed.wait(waiting, [&] { return done; });

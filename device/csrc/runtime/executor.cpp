@@ -169,20 +169,6 @@ bool spin_until(const std::function<bool()>& ready) {
   }
 }
 
-// Note [The parked team], for a wait inside a job (a streamed launch waiting for its host's
-// next entries): the team's workers wait on cv in a region of ours rather than spin in libgomp.
-void wait_with_team(std::mutex& lock, std::condition_variable& cv, const std::function<bool()>& ready) {
-  if (at::get_num_threads() <= 1 || at::in_parallel_region()) {
-    std::unique_lock<std::mutex> guard(lock);
-    cv.wait(guard, ready);
-    return;
-  }
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::unique_lock<std::mutex> guard(lock);
-    cv.wait(guard, ready);
-  });
-}
-
 namespace {
 
 struct Job {
