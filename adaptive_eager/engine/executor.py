@@ -315,20 +315,29 @@ class AdaptiveExecutor(Executor):
         p = self._armed
         if p is None:
             return
-        generation, pos, position, rounds, collected, syms = native.disarm()
+        (generation, pos, position, rounds, collected, syms, recent_sizes, sizes_repeat, last_sync_at,
+         longest_unsynced) = native.disarm()
         if generation == self._arm_generation:  # else C++ never got this arming: nothing matched
             if rounds:
-                self._take_rounds(p, pos, position, rounds, collected)
+                self._take_rounds(p, pos, position, rounds, collected, syms)
+                if p.trace.generic:  # the sizes each round met, as _complete notes them
+                    p.trace.recent_sizes.clear()
+                    p.trace.recent_sizes.extend(tuple(sizes) for sizes in recent_sizes)
+                    p.trace.sizes_repeat = p.trace.sizes_repeat or sizes_repeat
             else:
                 p.pos = pos
                 p.syms = syms
                 self.position = position
+            # Note [Armed syncs]: the host accesses the route took between rounds, as _note_sync.
+            self._last_sync_at = last_sync_at
+            self._longest_unsynced = max(self._longest_unsynced, longest_unsynced)
         self._armed = None
 
-    def _take_rounds(self, p: Pending, pos: int, position: int, rounds: int, collected: int) -> None:
+    def _take_rounds(self, p: Pending, pos: int, position: int, rounds: int, collected: int, syms: list) -> None:
         """Note [Armed rounds]: the route completed p's trace `rounds` times, each submitted to
         the device stream as _launch does, collected `collected` outcomes (none failed), and
-        is at position `pos` of the next round: what _complete and _launch would have counted."""
+        is at position `pos` of the next round, with a generic trace's symbols `syms` bound so
+        far: what _complete and _launch would have counted."""
         trace = p.trace
         n = len(trace)
         p.pos = p.done = n
@@ -350,8 +359,9 @@ class AdaptiveExecutor(Executor):
             self.pending = None
             self.phase = Phase.BACKING_OFF if self._backoff else Phase.RECORDING
         else:
-            current = Pending(trace, p.base + rounds * n)
+            current = Pending(trace, position - pos)
             current.pos = pos
+            current.syms = syms
             self._match(current)
 
     def _arm(self) -> None:
@@ -372,10 +382,9 @@ class AdaptiveExecutor(Executor):
         if table is False:
             return
         # Note [Armed rounds]: the route completes the trace too, where _launch would submit it
-        # to the device stream, and goes on into its next rounds.
-        # Not a shape-generic trace's: its completion notes the sizes it met (Trace.note_sizes),
-        # and each round binds its symbols anew.
-        wrap = (p.done == 0 and not trace.generic and stream.enabled() and _may_use_stream(trace)
+        # to the device stream, and goes on into its next rounds (a shape-generic trace's
+        # binding its symbols anew, and noting the sizes each met as _complete does).
+        wrap = (p.done == 0 and stream.enabled() and _may_use_stream(trace)
                 and not profiler_enabled() and None not in trace.sources)
         stop = len(trace.protos) - (0 if wrap else 1)
         if p.pos >= stop or None in trace.sources[p.pos:stop]:
@@ -384,7 +393,8 @@ class AdaptiveExecutor(Executor):
         # saw, whose catch-up changes nothing.
         self._arm_generation += 1
         self._armed = p
-        native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap, p.syms)
+        native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap, p.syms, self._last_sync_at,
+                   list(trace.recent_sizes) if wrap and trace.generic else [], trace.recent_sizes.maxlen)
 
     def drain(self) -> None:
         with self._lock:

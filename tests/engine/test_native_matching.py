@@ -112,35 +112,76 @@ def test_a_training_loop_with_backward_on_autograds_thread_keeps_eagers_bits(nat
     assert all(torch.equal(a, e) for a, e in zip(adaptive, eager))
 
 
+def test_a_launch_that_fails_between_armed_rounds_raises_at_the_host_read_after_it(native_match):
+    """Note [Armed syncs]: a host read between two rounds is taken by the route unless a
+    launch failed; then the engine takes it and raises the error naming the trace's op."""
+    def step(h, idx):
+        return torch.tanh(h.index_select(0, idx) * 0.5 + 0.1)
+
+    good = torch.tensor([0, 1, 2, 3]).to("neuron")
+    h = torch.ones(4, 3).to("neuron")
+    expected = torch.ones(4, 3)
+    before = native.armed_matches()
+    for _ in range(300):  # 4 ops a step and a host read: detection pauses after 1,024 ops
+        h = step(h, good)
+        expected = torch.tanh(expected * 0.5 + 0.1)
+        assert h[1, 1].item() == expected[1, 1].item()
+    assert (native.armed_matches() - before > 0) is native_match
+    h = step(h, torch.tensor([0, 1, 2, 7]).to("neuron"))
+    with pytest.raises(IndexError, match=r"index_select.*failed in a deferred launch.*index out of range"):
+        h[1, 1].item()
+    h = torch.ones(4, 3).to("neuron")  # the device stays usable
+    assert torch.equal(step(h, good).cpu(), torch.tanh(torch.ones(4, 3) * 0.5 + 0.1))
+
+
 # -- shape-generic traces (Note [Generic guards] in device/csrc/engine/guards.cpp) -----------------
-def _growing_cache_loop(device, tokens, on_token=lambda t: None, other_dim_at=None):
+def _growing_cache_loop(device, tokens, on_token=lambda t: None, other_dim_at=None, read_each_token=False):
     """A KV cache grown by torch.cat a row per token, read by a matmul: a shape-generic trace
     per token. From token `other_dim_at` on, softmax takes another dimension (an int that was
-    constant in the repetitions recorded)."""
+    constant in the repetitions recorded). read_each_token: the host reads a value of each
+    token's (as generate() reads its stopping criteria); the values read are returned too."""
     torch.manual_seed(0)
     w = torch.randn(8, 8).to(device)
     cache = torch.zeros(1, 8, device=device)
-    out = []
+    out, reads = [], []
     for t in range(tokens):
         q = torch.full((1, 8), 0.01 * (t % 7), device=device)
         row = (q @ w).tanh()
         cache = torch.cat([cache, row])
         dim = 1 if other_dim_at is not None and t >= other_dim_at else 0
         out.append((cache @ q.T).softmax(dim).sum(0))
+        if read_each_token:
+            reads.append(row[0, 3].item())
         on_token(t)
-    return torch.cat(out).cpu()
+    return (torch.cat(out).cpu(), reads) if read_each_token else torch.cat(out).cpu()
 
 
-def test_a_steady_shape_generic_trace_is_matched_in_cpp_with_its_sizes_bound_per_token(native_match):
+def _steadiest_generic_trace():
+    traces = [t for starts in SWITCH.adaptive.cache.by_first_op.values() for t in starts if t.generic]
+    return max(traces, key=lambda t: t.hits)
+
+
+@pytest.mark.parametrize("read_each_token", [False, True], ids=["no-read", "host-read-per-token"])
+def test_a_steady_shape_generic_trace_is_matched_in_cpp_with_its_sizes_bound_per_token(native_match, read_each_token):
     armed = {}
-    adaptive = _growing_cache_loop("neuron", 300, lambda t: armed.setdefault(t, native.armed_matches()))
-    cpu = _growing_cache_loop("cpu", 300)
+    adaptive = _growing_cache_loop("neuron", 300, lambda t: armed.setdefault(t, native.armed_matches()),
+                                   read_each_token=read_each_token)
+    trace = _steadiest_generic_trace()
+    cpu = _growing_cache_loop("cpu", 300, read_each_token=read_each_token)
+    if read_each_token:
+        assert adaptive[1] == cpu[1]
+        adaptive, cpu = adaptive[0], cpu[0]
     assert torch.equal(adaptive, cpu)
     per_token = [armed[t + 1] - armed[t] for t in range(250, 299)]
-    # Once detection pauses, every op of a token but its first (where the engine enters the
-    # trace) and its last (whose completion notes the sizes met) is matched in C++.
-    assert per_token == ([per_token[0]] * len(per_token) if native_match else [0] * len(per_token))
-    assert not native_match or per_token[0] >= 5, per_token
+    # Once detection pauses, every op of every token is matched in C++, its first and last
+    # too (Note [Armed rounds]), and the host read between two tokens is taken there as well
+    # (Note [Armed syncs]): the engine is not called at all.
+    assert per_token == ([len(trace)] * len(per_token) if native_match else [0] * len(per_token))
+    # The sizes of the rounds completed in C++ are noted as the engine's completions note
+    # them (Trace.note_sizes): a cache that grows every token never repeats its sizes, so no
+    # exact trace is made from the generic one (Note [An exact proto from a generic position]).
+    assert not trace.sizes_repeat
+    assert len(set(trace.recent_sizes)) == len(trace.recent_sizes) == trace.recent_sizes.maxlen
 
 
 def test_a_generic_divergence_while_armed_is_found_at_the_same_op_and_explained_the_same(native_match):

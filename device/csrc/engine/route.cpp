@@ -16,6 +16,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -204,6 +205,19 @@ Answer read_answer(py::object out) {
 // back to the engine instead where the engine must decide: an outcome that failed (its error
 // names the trace's op: the engine collects it), the stream turned off, or a profiler on
 // (its launches are ranges the engine draws).
+// A shape-generic trace's rounds too: each binds its symbols anew, and its completion notes
+// the sizes it met as the engine's would (Trace.note_sizes: note_round_sizes).
+//
+// Note [Armed syncs]
+// ~~~~~~~~~~~~~~~~~~
+// A loop that reads the host every step (generate() reads its stopping criteria each token)
+// reaches a sync point between two rounds: nothing is queued, only launches on the stream.
+// What the engine does there (Note [Sync points]: wait for them, count the sync, move the
+// stream position past it) the route does here (sync_armed), so the step's trace is not
+// disarmed, and the next round starts in C++: before, every such step cost two calls of the
+// engine (its first op, to start the trace again, and its last, to complete it). Anything
+// else at a sync goes to the engine: an op queued, an error waiting, a launch that failed
+// (its error names the trace's op), a profiler on (a sync is a range it draws).
 struct GuardTable {
   std::vector<std::shared_ptr<const neuron::PositionGuards>> guards;  // per trace position
   std::vector<std::shared_ptr<const neuron::DeferPlan>> plans;
@@ -222,6 +236,15 @@ struct Armed {
   int64_t rounds = 0;  // trace launches submitted here since armed
   int64_t collected = 0;  // launch outcomes collected here since armed (all without errors)
   std::vector<int64_t> syms;  // a generic trace's sizes as this match binds them (Note [Generic guards])
+  // A generic trace's last completions' sizes (Trace.recent_sizes, rounds included), how
+  // many of them to keep, and whether a round's sizes were among them (Trace.sizes_repeat).
+  std::deque<std::vector<int64_t>> recent_sizes;
+  size_t sizes_kept = 0;
+  bool sizes_repeat = false;
+  // Note [Armed syncs]: the engine's last sync's stream position and the longest stretch
+  // between two syncs, moved by the syncs taken here.
+  int64_t last_sync_at = 0;
+  int64_t longest_unsynced = 0;
   bool armed = false;
 };
 Armed& g_armed = *new Armed;  // leaked, as g_run_eager
@@ -238,6 +261,46 @@ bool make_room_on_stream() {
     }
     ++g_armed.collected;
   }
+  return true;
+}
+
+// A generic trace's round completed here: its sizes, noted as Trace.note_sizes notes them,
+// and its symbols unbound for the next round.
+void note_round_sizes() {
+  auto& recent = g_armed.recent_sizes;
+  if (std::find(recent.begin(), recent.end(), g_armed.syms) != recent.end()) {
+    g_armed.sizes_repeat = true;
+  }
+  recent.push_back(g_armed.syms);
+  while (recent.size() > g_armed.sizes_kept) {
+    recent.pop_front();
+  }
+  std::fill(g_armed.syms.begin(), g_armed.syms.end(), kUnbound);
+}
+
+// Note [Armed syncs]: a host access between two rounds, taken here; false if the engine must.
+bool sync_armed() {
+  // Never waits for another issuer: a thread inside the engine may be the one holding it,
+  // and the engine takes every sync correctly.
+  const std::unique_lock<std::recursive_mutex> issuing{g_issue, std::try_to_lock};
+  if (!issuing.owns_lock()) {
+    return false;
+  }
+  const std::lock_guard<std::mutex> guard(g_armed.lock);
+  if (!g_armed.armed || !g_armed.wrap || g_armed.pos != 0 || neuron::ops_held() || neuron::queue_streamed() ||
+      !g_stream_allowed.load() || torch::autograd::profiler::profilerEnabled()) {
+    return false;
+  }
+  while (neuron::launches_in_flight() > 0) {
+    if (!without_gil(neuron::collect_launch_if_ok)) {
+      return false;  // the engine collects the failed one and raises its error
+    }
+    ++g_armed.collected;
+  }
+  // As the engine's _note_sync, then its stream position past the sync (detection is paused).
+  g_armed.longest_unsynced = std::max(g_armed.longest_unsynced, g_armed.position - g_armed.last_sync_at);
+  g_armed.last_sync_at = g_armed.position;
+  ++g_armed.position;
   return true;
 }
 
@@ -282,6 +345,9 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (last) {  // Note [Armed rounds]: the engine's completion of a stream launch
       neuron::submit_queue();
       ++g_armed.rounds;
+      if (!g_armed.syms.empty()) {
+        note_round_sizes();
+      }
       g_armed.pos = 0;
       g_armed.armed = true;
       // The next round streams (Note [Streamed launches]) if there is room on the stream,
@@ -436,6 +502,9 @@ void set_host_sync(py::object sync) {
     if (!Py_IsInitialized()) {
       return;
     }
+    if (sync_armed()) {  // Note [Armed syncs]
+      return;
+    }
     py::gil_scoped_acquire gil;
     (*held)(reason);
   });
@@ -546,10 +615,10 @@ void bind_route(py::module_& m) {
   // Both without the GIL while they wait for the lock: its holder may be queueing an op on
   // autograd's thread, and dropping a tensor there can take the GIL.
   m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation,
-                  bool wrap, std::vector<std::optional<int64_t>> syms) {
+                  bool wrap, std::vector<std::optional<int64_t>> syms, int64_t last_sync_at,
+                  std::vector<std::vector<std::optional<int64_t>>> recent_sizes, size_t sizes_kept) {
     TORCH_CHECK(pos < stop && stop <= table->guards.size() && (!wrap || stop == table->guards.size()),
                 "adaptive engine bug: arming [", pos, ", ", stop, ")");
-    TORCH_CHECK(!wrap || syms.empty(), "adaptive engine bug: a generic trace's rounds would start with its symbols bound");
     TORCH_CHECK(table->nsyms <= static_cast<int32_t>(syms.size()), "adaptive engine bug: the trace names ", table->nsyms,
                 " symbols, the match has ", syms.size());
     const std::lock_guard<std::mutex> guard(g_armed.lock);
@@ -565,26 +634,48 @@ void bind_route(py::module_& m) {
     for (size_t i = 0; i < syms.size(); ++i) {
       g_armed.syms[i] = syms[i].value_or(kUnbound);
     }
+    g_armed.recent_sizes.clear();
+    for (const auto& sizes : recent_sizes) {
+      g_armed.recent_sizes.emplace_back();
+      for (const auto& size : sizes) {
+        g_armed.recent_sizes.back().push_back(size.value_or(kUnbound));
+      }
+    }
+    g_armed.sizes_kept = sizes_kept;
+    g_armed.sizes_repeat = false;
+    g_armed.last_sync_at = last_sync_at;
+    g_armed.longest_unsynced = 0;
     g_armed.armed = true;
   }, py::arg("table"), py::arg("pos"), py::arg("stop"), py::arg("position"), py::arg("generation"), py::arg("wrap"),
-  py::arg("syms") = std::vector<std::optional<int64_t>>{}, py::call_guard<py::gil_scoped_release>(),
+  py::arg("syms") = std::vector<std::optional<int64_t>>{}, py::arg("last_sync_at") = 0,
+  py::arg("recent_sizes") = std::vector<std::vector<std::optional<int64_t>>>{}, py::arg("sizes_kept") = 0,
+  py::call_guard<py::gil_scoped_release>(),
   "match positions [pos, stop) of the table in C++; position: the engine's stream position; "
   "generation: the engine's name for this arming; wrap: complete the trace and go on (Note [Armed rounds]); "
-  "syms: a generic trace's sizes bound so far (None: not yet), Note [Generic guards]");
+  "syms: a generic trace's sizes bound so far (None: not yet), Note [Generic guards]; last_sync_at: the "
+  "engine's last sync's position (Note [Armed syncs]); recent_sizes, sizes_kept: a generic trace's last "
+  "completions' sizes and how many it keeps, which its rounds add to");
   m.def("disarm", []() {
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.armed = false;
-    std::vector<std::optional<int64_t>> syms(g_armed.syms.begin(), g_armed.syms.end());
-    for (auto& sym : syms) {
-      if (*sym == kUnbound) {
-        sym.reset();
+    auto to_python_sizes = [](const std::vector<int64_t>& sizes) {
+      std::vector<std::optional<int64_t>> out;
+      for (int64_t size : sizes) {
+        out.push_back(size == kUnbound ? std::nullopt : std::optional<int64_t>(size));
       }
+      return out;
+    };
+    std::vector<std::vector<std::optional<int64_t>>> recent;
+    for (const auto& sizes : g_armed.recent_sizes) {
+      recent.push_back(to_python_sizes(sizes));
     }
     return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position, g_armed.rounds, g_armed.collected,
-                           std::move(syms));
+                           to_python_sizes(g_armed.syms), std::move(recent), g_armed.sizes_repeat,
+                           g_armed.last_sync_at, g_armed.longest_unsynced);
   }, py::call_guard<py::gil_scoped_release>(),
   "stop matching in C++: (arming's generation, trace position, stream position, rounds submitted, outcomes "
-  "collected, a generic trace's symbols), the same if called again");
+  "collected, a generic trace's symbols, its last completions' sizes, whether a round's repeated one of "
+  "them, the last sync's position, the longest stretch between syncs), the same if called again");
   m.def("set_stream_allowed", [](bool allowed) { g_stream_allowed.store(allowed); },
         "whether armed rounds may submit to the device stream (stream.set_enabled)");
   m.def("armed_matches", []() { return g_armed.matched; }, "ops queued by armed matching, all told");
