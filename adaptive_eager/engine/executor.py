@@ -54,7 +54,7 @@ from .native_guards import compile_guards
 from .config import EngineConfig
 from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
-                      erased_signature, exact_proto, generic_difference)
+                      erased_signature, exact_proto, generic_covers, generic_difference)
 from .pending import Pending, launch_error
 from .phase import Phase
 from .trace import Trace, build_proto, build_trace, output_slots
@@ -69,6 +69,7 @@ _SHAPES_REPEATING = 16  # ops repeated by size-erased keys before new sizes stop
 _RETIRE_STRIKES = 8  # divergences in a row, no completion between, that retire a trace (Note [A trace that keeps diverging retires])
 _BLOCKER_DIVERGENCES = 4  # divergences before a trace that blocks a longer unit may retire
 _RETIRED_KEPT = 4096  # keys of retired traces remembered, so that detection does not adopt them again
+_EVER_CACHED_KEPT = 4096  # keys of traces detection cached, remembered to tell news from a comeback
 
 
 class EngineCounters:
@@ -222,6 +223,7 @@ class AdaptiveExecutor(Executor):
         self.protos: dict[tuple, object] = {}
         # Note [A trace that keeps diverging retires]: the keys of retired traces, oldest first
         self.retired: collections.OrderedDict = collections.OrderedDict()
+        self._ever_cached: collections.OrderedDict = collections.OrderedDict()  # _cache_found's keys
         self.barriers: dict[tuple, _Barrier] = {}  # sync ops by signature, as the history holds them
         self.phase = Phase.RECORDING  # Note [Engine phases]: changed by the transitions below only
         self.pending: Pending | None = None  # the match, while MATCHING
@@ -1140,8 +1142,7 @@ class AdaptiveExecutor(Executor):
                     continue
                 if trace.key in self.cache or trace.key in self.retired:
                     continue
-                self.cache.add(trace)
-                self._found_something()
+                self._cache_found(trace)
                 self.counters.generic_traces += 1
                 adopted = adopted or trace
                 self._pause_after = max(self._pause_after, 4 * (hi - lo))
@@ -1191,17 +1192,29 @@ class AdaptiveExecutor(Executor):
                 continue
             if _repeats_shorter_unit(seg, minimum):
                 continue  # k copies of a shorter unit: that unit's trace covers it
-            if all(e[0] in generic for e in seg):
-                continue  # a generic trace matched all of it: an exact one would serve these sizes only
+            if all(e[0] in generic for e in seg) or self._generic_covers(seg):
+                # A generic trace matched all of it, or runs these very ops at any sizes: an
+                # exact one would serve these sizes only. Worse, entered by its first op at
+                # every step, it would diverge at the first size of another: a generate()
+                # loop over five prompts repeats exactly every five calls, and that period,
+                # adopted as one exact trace per token between its host reads, cost 4 to 10
+                # times the launches a call.
+                continue
             traces = self._cache_unit(seg)
             if traces is None:
                 continue
-            self._drop_superseded(recent, len(seg))
+            # What matched inside this segment: not the whole window, whose other segments
+            # (a period of many sync points) hold the generic traces of other units.
+            inside = {e[0] for e in seg}
+            self._drop_superseded([e for e in recent if e[0] in inside], len(seg))
             self._pause_after = max(self._pause_after, 4 * len(seg))
             if not barriers and (self.pending is None or len(self.pending.trace) <= len(seg)):
                 # The stream is periodic: the trace's first op comes `cut` ops from now.
                 # (Not while a longer trace is matched: the unit repeats inside it.)
                 self._enter_at = (traces[0], self.position + cut)
+
+    def _generic_covers(self, seg) -> bool:
+        return any(generic_covers(t, seg) for t in self.cache.by_first_op.get(seg[0][1].info.op, ()))
 
     def _cache_unit(self, seg) -> list[Trace] | None:
         """seg as cached traces: one, or, when it is longer than the longest trace, the fewest
@@ -1212,9 +1225,24 @@ class AdaptiveExecutor(Executor):
             return None  # Note [A trace that keeps diverging retires]: not again
         for t in traces:
             if t.key not in self.cache:
-                self.cache.add(t)
-                self._found_something()
+                self._cache_found(t)
         return [self.cache.get(t.key, t) for t in traces]
+
+    def _cache_found(self, trace: Trace) -> None:
+        """Cache a trace detection found. News for Note [Detection that finds nothing pauses]
+        only if its key was never cached before: one dropped as superseded (_drop_superseded)
+        or evicted and found again is a phase coming back, as designed, not something new. A
+        loop whose calls differ in a cycle (HF generate() on five prompts, one padded: its
+        tokens take a longer mask path) re-adopted the same traces every few calls, each time
+        as news, so detection never paused for long, and most ops were matched in Python
+        (bench hf-decode: 1.8 times eager's wall time)."""
+        self.cache.add(trace)
+        if trace.key not in self._ever_cached:
+            self._found_something()
+            if len(self._ever_cached) >= _EVER_CACHED_KEPT:
+                self._ever_cached.popitem(last=False)
+        self._ever_cached[trace.key] = None
+        self._ever_cached.move_to_end(trace.key)
 
     # -- failures of the engine itself ------------------------------------------------------------
     def _warn(self, exc: Exception) -> None:

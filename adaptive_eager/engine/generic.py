@@ -234,6 +234,16 @@ def build_generic_trace(first, second) -> Trace | None:
     return trace
 
 
+def generic_covers(trace: Trace, seg) -> bool:
+    """Whether shape-generic `trace` is made of the ops of `seg` (history entries: (index,
+    proto, producers)) at other sizes: the same size-erased signatures. Not their dataflow:
+    the history does not know it for ops a cached trace matched (no producers are noted for
+    their outputs). A judgement for detection only (whether an exact trace of seg is worth
+    adopting): matching checks everything."""
+    return trace.generic and len(trace) == len(seg) and all(
+        proto.erased[0] == erased_signature(entry) for proto, (_, entry, _) in zip(trace.protos, seg))
+
+
 def _meta_inputs(signature) -> list:
     """The tensors of a recorded call, rebuilt as meta tensors (CPU scalars as CPU 0-dim ones)."""
     found = []

@@ -163,3 +163,42 @@ def test_repeated_generate_calls_match_most_of_their_ops_in_cpp_once_detection_f
     # each time it looked again), and has paused since its third look found nothing.
     armed, ops = (seen[40][i] - seen[32][i] for i in (0, 1))
     assert armed >= 0.9 * ops, (armed, ops)  # was 0: the Python route matched every op
+
+
+def test_generate_over_prompts_one_of_them_padded_settles_once_its_phases_are_known():
+    """Issue 35/36: five prompts in turn, prefixes of one sequence, the fourth ending in the pad
+    token (bench hf-decode's): that call's tokens take a longer mask path, and the stream
+    repeats exactly only every five calls. Detection re-adopted the traces it had dropped as
+    superseded every few calls, each time as news, so it never paused for long (23 to 93
+    launches a call, never settling, most ops matched in Python). With that alone mended, the
+    pause grew long enough for the five-call period to be found, and it was adopted as exact
+    traces of every token, which dropped the generic token traces (superseded anywhere in the
+    two periods) and were entered at every token of other sizes: 160 to 340 launches a call.
+    Now a trace cached before is no news, an exact trace of ops a generic trace runs at any
+    sizes is not adopted, and a unit supersedes what matched inside it only: the calls settle
+    to a fixed cycle of launches (70, 49, 23, 23, 23 from the 57th call) and detection stays
+    paused."""
+    from adaptive_eager.mode import SWITCH
+
+    sequence = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    prompts = [sequence[:, :n] for n in (6, 9, 7, 10, 8)]
+    assert prompts[3][0, -1] == 0 and all((p != 0).all() for i, p in enumerate(prompts) if i != 3)
+
+    def calls(device, mode, count, on_call=lambda k: None):
+        with adaptive_eager.mode(mode):
+            model = _model("gpt2").to(device)
+            out = []
+            for k in range(count):
+                out.append(model.generate(prompts[k % 5].to(device), max_new_tokens=8, do_sample=False,
+                                          pad_token_id=0).cpu())
+                on_call(k)
+            return out
+
+    launches = []
+    neuron = calls("neuron", "adaptive", 120, lambda k: launches.append(adaptive_eager.stats().launches))
+    assert all(torch.equal(a, b) for a, b in zip(neuron, calls("cpu", "eager", 120)))
+    per_call = [b - a for a, b in zip(launches, launches[1:])]
+    last = per_call[-20:]
+    assert last[:5] * 3 == last[5:], per_call  # settled: the same launches every five calls
+    assert max(last) <= 80, per_call
+    assert SWITCH.adaptive.detection_paused
