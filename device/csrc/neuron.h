@@ -12,11 +12,13 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <typeinfo>
 #include <unordered_map>
@@ -146,9 +148,10 @@ void set_device_wait_hooks(void (*before_run)(), uint64_t (*wait_limit)(uint64_t
 void without_python(const std::function<void()>& fn);
 void note_device_error(std::exception_ptr error);  // the first one waits for wait_for_device
 bool device_idle();  // every posted job has run
-// Note [The executor spins before it sleeps]: true once ready() is, false if it is not within
-// the executor's spin budget. For the executor's thread only.
-bool spin_until(const std::function<bool()>& ready);
+// Note [The executor spins before it sleeps]: lets go of `guard` while `changes` still reads
+// `seen`, for at most the executor's spin budget, and takes it again; the caller then looks at
+// what the guard protects and sleeps if it still has nothing to do. For the executor's thread.
+void spin_for_change(std::unique_lock<std::mutex>& guard, const std::atomic<uint64_t>& changes, uint64_t seen);
 void set_executor_spin(int64_t microseconds);  // NEURON_EXECUTOR_SPIN_US
 // Frees the calling thread's OpenMP team, if it has one and no region is open (Note [The
 // device executor]: a host thread's idle team slows every region of the executor's).

@@ -511,10 +511,7 @@ int64_t run_streamed_launch(Launch& launch, int64_t* failed) {
       // by half).
       const auto idle = [&] { return feed.beside.empty() && !feed.sealed && (k >= feed.published || feed.sealing); };
       if (idle()) {
-        const uint64_t seen = feed.changes.load(std::memory_order_relaxed);
-        guard.unlock();
-        spin_until([&] { return feed.changes.load(std::memory_order_acquire) != seen; });
-        guard.lock();
+        spin_for_change(guard, feed.changes, feed.changes.load(std::memory_order_relaxed));
       }
       if (idle()) {
         feed.waiting = true;

@@ -142,24 +142,23 @@ void cpu_relax() {
 
 void set_executor_spin(int64_t microseconds) { g_spin_us.store(microseconds); }
 
-bool spin_until(const std::function<bool()>& ready) {
+void spin_for_change(std::unique_lock<std::mutex>& guard, const std::atomic<uint64_t>& changes, uint64_t seen) {
   const auto budget = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
   if (budget.count() <= 0) {
-    return ready();
+    return;
   }
+  guard.unlock();
+  const auto changed = [&] { return changes.load(std::memory_order_acquire) != seen; };
   const auto start = std::chrono::steady_clock::now();
   const auto end = start + budget;
   const auto polite = start + kSpinBeforeYield;
-  for (;;) {
-    for (int i = 0; i < 64; ++i) {
-      if (ready()) {
-        return true;
-      }
+  while (!changed()) {
+    for (int i = 0; i < 64 && !changed(); ++i) {
       cpu_relax();
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= end) {
-      return ready();
+      break;
     }
     if (now >= polite) {
       // Past the first moment, the core goes to any other thread that wants it between looks
@@ -167,6 +166,7 @@ bool spin_until(const std::function<bool()>& ready) {
       std::this_thread::yield();
     }
   }
+  guard.lock();
 }
 
 namespace {
@@ -191,8 +191,8 @@ struct Executor {
   std::condition_variable posted;  // the thread waits on it for jobs
   std::condition_variable ran;  // issuers wait on it for jobs to end
   std::deque<Job> jobs;
-  uint64_t issued = 0;  // jobs posted
-  std::atomic<uint64_t> issued_seen{0};  // `issued`, for the executor's spin without the lock
+  // Jobs posted. Written under `lock`; atomic for the executor's spin, which reads it without.
+  std::atomic<uint64_t> issued{0};
   uint64_t done = 0;  // jobs run; the jobs run in order, so job k is done when done > k
   bool started = false;
   // The first error of a job no host waited for, until a sync raises it.
@@ -206,8 +206,7 @@ struct Executor {
       std::thread([this] { loop(); }).detach();
     }
     jobs.push_back(std::move(job));
-    const uint64_t ticket = issued++;
-    issued_seen.store(issued, std::memory_order_release);
+    const uint64_t ticket = issued.fetch_add(1, std::memory_order_release);
     posted.notify_all();  // the thread, and its parked team (Note [The parked team])
     return ticket;
   }
@@ -221,10 +220,7 @@ struct Executor {
       {
         std::unique_lock<std::mutex> guard(lock);
         if (jobs.empty()) {  // Note [The executor spins before it sleeps]
-          const uint64_t seen = issued;
-          guard.unlock();
-          spin_until([&] { return issued_seen.load(std::memory_order_acquire) != seen; });
-          guard.lock();
+          spin_for_change(guard, issued, issued.load(std::memory_order_relaxed));
         }
         if (jobs.empty() && team && at::get_num_threads() > 1) {
           guard.unlock();
