@@ -281,7 +281,7 @@ def test_stats_without_waiting_count_the_launch_on_the_device_stream_as_issued()
 # -- Note [Streamed launches] (device/csrc/engine/queue.cpp): a launch on the stream from its
 # first op, running while its trace is still being issued.
 
-def _streamed_loop(streamed, mid_step=None, steps=12):
+def _streamed_loop(streamed, mid_step=None, steps=20):
     """An MLP training loop in adaptive mode, its launches streamed or submitted whole;
     mid_step(i) runs in the middle of each step (between forward and backward)."""
     from adaptive_eager.mode import SWITCH
