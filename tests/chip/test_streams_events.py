@@ -118,7 +118,8 @@ def test_elapsed_time_needs_two_recorded_timing_events():
     a, b = torch.neuron.Event(), torch.neuron.Event()
     a.record()
     b.record()
-    # ValueError, where torch.cuda.Event raises RuntimeError (issue 37, item 11, left as it is):
+    # ValueError, as torch.cuda.Event raises in torch 2.13 (c10/cuda/CUDAEvent.h's elapsed_time
+    # checks both with TORCH_CHECK_VALUE; issue 37, item 11 saw an older release's RuntimeError).
     # torch.Event checks timing and records itself (c10::InlineEvent, TORCH_CHECK_VALUE) before
     # the device is asked, and torch.neuron.Event must be a torch.Event: torch.Stream's
     # record_event and elapsed_time accept no subclass, and neuron's streams are torch.Streams.
