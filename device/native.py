@@ -51,6 +51,7 @@ adopt = _C.adopt
 # scaled_dot_product_attention's kernel (dispatch/attention.py)
 validate_sdpa_input = _C.validate_sdpa_input  # Note [SDPA's input checks]
 host_sdp_choice = _C.host_sdp_choice  # Note [The overrideable SDPA backend]
+device_sdp_choice = _C.device_sdp_choice  # the same, shadows made in C++ (dispatch/attention.py)
 # the adaptive engine's route and queue (csrc/engine/queue.cpp, csrc/engine/route.cpp)
 RUN_EAGER = _C.RUN_EAGER
 DeferPlan = _C.DeferPlan

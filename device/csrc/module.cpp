@@ -173,6 +173,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_sdp_choice", &neuron::host_sdp_choice, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("attn_mask"), py::arg("dropout_p"), py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"),
         "the SDPA kernel CPU's choice picks for these CPU tensors (Note [The overrideable SDPA backend])");
+  m.def("device_sdp_choice", &neuron::device_sdp_choice, py::arg("query"), py::arg("key"), py::arg("value"),
+        py::arg("attn_mask"), py::arg("dropout_p"), py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"),
+        "host_sdp_choice for plain neuron tensors, their CPU shadows made in C++");
   // the adaptive engine's route and queue (Note [Deferred launches])
   bind_route(m);
   bind_period_detector(m);

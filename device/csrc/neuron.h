@@ -357,6 +357,10 @@ void validate_sdpa_input(const at::Tensor& query, const at::Tensor& key, const a
 int64_t host_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                         c10::optional<double> scale, bool enable_gqa);
+// The same choice for neuron tensors: their host shadows made here (host_shadow).
+int64_t device_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                          c10::optional<double> scale, bool enable_gqa);
 
 // A new list of v's element type holding fn(element, index) of each element of list v.
 template <typename Fn>

@@ -401,4 +401,11 @@ int64_t host_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return choose();
 }
 
+// A plain neuron tensor's choice, its shadows made here (dispatch/attention.py's fast path).
+int64_t device_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const c10::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                          c10::optional<double> scale, bool enable_gqa) {
+  return eager_detail::fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 }  // namespace neuron
