@@ -23,6 +23,7 @@ void install(int64_t device_count, const std::vector<int64_t>& capacities, doubl
                   static_cast<int64_t>(generators.size()) == device_count,
               "one capacity and one generator per device: got ", capacities.size(), " and ", generators.size(),
               " for ", device_count, " devices");
+  neuron::set_up_host_vector_math();  // before any kernel: Note [MKL's vector math starts racily]
   neuron::install_guard(device_count);
   neuron::install_memory(capacities);
   neuron::install_clock(static_cast<DeviceIndex>(device_count), launch_overhead_us, spend_overhead);

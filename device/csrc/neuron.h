@@ -172,6 +172,9 @@ bool is_pinned_ptr(const void* data);
 
 // generator.cpp: neuron generators, each holding the CPU generator the kernels draw from.
 void install_generators(std::vector<at::Generator> host_generators);  // the runtime's, one per device
+// runtime/host_math.cpp, Note [MKL's vector math starts racily]: one VML call on this thread,
+// before any kernel runs, so no two threads' first calls race.
+void set_up_host_vector_math();
 const at::Generator& default_generator(c10::DeviceIndex d);  // -1: the current device's
 at::Generator new_generator(c10::DeviceIndex d);
 // The CPU generator a kernel must be given for g (g itself when it is a CPU generator).
