@@ -110,10 +110,24 @@ def compile_matcher(proto: OpProto):
     return define("match", "args, kwargs, p", src, TENSOR=torch.Tensor)
 
 
+# Compiled matcher sources. A matcher's constants are names (C0, C1, ...) bound in its
+# namespace, so positions of the same structure (every `mm(a, b)` of a step, every foreach op of
+# one parameter list) share one source: compiling it is most of what a new matcher costs (about
+# 200 µs; 22 of them were a fifth of a small MLP's warm-up excess over eager mode), binding its
+# constants a few µs. Cleared when full: bounded memory for streams of ever new structures.
+_COMPILED: dict[str, object] = {}
+_COMPILED_KEPT = 4096
+
+
 def define(name: str, params: str, src: Source, **env):
     code = f"def {name}({params}):\n" + "\n".join(src.lines) + "\n"
+    compiled = _COMPILED.get(code)
+    if compiled is None:
+        if len(_COMPILED) >= _COMPILED_KEPT:
+            _COMPILED.clear()
+        compiled = _COMPILED[code] = compile(code, f"<adaptive_eager {name}>", "exec")
     namespace = dict(env, **src.consts)
-    exec(compile(code, f"<adaptive_eager {name}>", "exec"), namespace)  # noqa: S102 - our own code
+    exec(compiled, namespace)  # noqa: S102 - our own code
     fn = namespace[name]
     fn.source = code
     return fn
