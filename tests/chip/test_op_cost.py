@@ -150,3 +150,74 @@ def test_a_boolean_mask_put_is_priced_as_every_element_its_mask_covers():
     assert masked == pytest.approx(_modelled_us(put, table, torch.ones(4096, dtype=torch.bool).to("neuron")), rel=1e-12)
     assert _modelled_us(put, table, torch.tensor([3, 9, 100]).to("neuron")) < masked
     assert torch.equal(table.cpu(), row.cpu().expand(4096, 256))  # the all-True mask's put wrote every row
+
+
+def _spd(n):
+    a = torch.randn(n, n, dtype=torch.float64)
+    return a @ a.T + n * torch.eye(n, dtype=torch.float64)
+
+
+# Note [Ops TorchNeuron runs on the host] (device/csrc/aten/pricing.cpp): torch-neuronx runs
+# these on CPU on purpose; the chip runs no kernel and moves their arguments out and results in.
+# Called by their aten names: torch.linalg's front ends add small ops of their own (cholesky
+# reads its `info` to raise), which run on the device as they would on the chip.
+HOST_RUN = {  # the op, and its tensor arguments made from a square matrix
+    "linalg_qr": (aten.linalg_qr.default, lambda a: (a,)),
+    "_linalg_svd": (aten._linalg_svd.default, lambda a: (a,)),
+    "_linalg_eigh": (aten._linalg_eigh.default, lambda a: (a,)),
+    "linalg_cholesky_ex": (aten.linalg_cholesky_ex.default, lambda a: (a,)),
+    "linalg_inv_ex": (aten.linalg_inv_ex.default, lambda a: (a,)),
+    "linalg_lu_factor_ex": (aten.linalg_lu_factor_ex.default, lambda a: (a,)),
+    "linalg_ldl_factor_ex": (aten.linalg_ldl_factor_ex.default, lambda a: (a,)),
+    "_linalg_det": (aten._linalg_det.default, lambda a: (a,)),
+    "_linalg_slogdet": (aten._linalg_slogdet.default, lambda a: (a,)),
+    "cholesky_inverse": (aten.cholesky_inverse.default, lambda a: (a,)),
+    "triangular_solve": (aten.triangular_solve.default, lambda a: (a[:, :3].contiguous(), a)),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+@pytest.mark.parametrize("name", sorted(HOST_RUN))
+def test_an_op_torchneuron_runs_on_the_host_is_charged_a_round_trip_not_a_kernel(name, mode):
+    from adaptive_eager.dispatch import CONTEXT
+
+    op, arguments_of = HOST_RUN[name]
+    args = arguments_of(_spd(64))
+    expected = op(*args)
+    on_neuron = [t.to("neuron") for t in args]
+    with adaptive_eager.mode(mode):
+        torch.neuron.synchronize()
+        adaptive_eager.reset_stats()
+        out = op(*on_neuron)
+        torch.neuron.synchronize()
+        s = adaptive_eager.stats()
+    results = [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+    for got, want in zip(results, expected if isinstance(expected, tuple) else (expected,)):
+        assert torch.equal(got.cpu(), want)  # CPU's kernel's values either way
+    assert s.launches == 0 and s.ops == 0, s
+    assert s.transfers == 2  # the arguments to the host, the results back
+    assert s.transfer_bytes == sum(t.numel() * t.element_size() for t in (*args, *results))
+    assert s.device_time_us == pytest.approx(s.transfer_bytes * CONTEXT.runtime.cost.us_per_byte, rel=1e-9)
+
+
+def test_a_host_run_op_inside_a_fused_launch_is_charged_as_in_eager_mode():
+    start = _spd(32)
+
+    def run(mode):
+        a = start.to("neuron")
+        with adaptive_eager.mode(mode):
+            torch.neuron.synchronize()
+            adaptive_eager.reset_stats()
+            outs = []
+            for _ in range(12):  # repeats: adaptive mode replays it as fused launches
+                a = a * 1.0 + 0.0
+                outs.append(aten.linalg_inv_ex.default(a)[0].sum())
+            torch.neuron.synchronize()
+            return adaptive_eager.stats(), torch.stack(outs).cpu()
+
+    eager, eager_out = run("eager")
+    adaptive, adaptive_out = run("adaptive")
+    assert torch.equal(eager_out, adaptive_out)
+    assert adaptive.fused_ops > 0  # else this compares eager with eager
+    assert adaptive.transfers == eager.transfers and adaptive.transfer_bytes == eager.transfer_bytes
+    assert adaptive.ops == eager.ops  # the host-run op counts as no kernel op in either mode

@@ -409,6 +409,13 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     IValue& v = (*stack)[results + i];
     v = call.result_from_host(std::move(v), result_device, &out_bytes, &out_elements);
   }
+  if (torchneuron_runs_on_host(name)) {  // Note [Ops TorchNeuron runs on the host] (pricing.cpp)
+    const double us = charge_host_round_trip(d, call.in_bytes, out_bytes);
+    if (range) {
+      mark_device_time(us, "bytes", static_cast<int64_t>(call.in_bytes + out_bytes), d);
+    }
+    return;
+  }
   const double flops = op_flops(name, call.aliases, conv, stack->data() + results, num_returns);
   OpTraffic traffic{call.in_bytes, call.in_elements, out_bytes, out_elements};
   count_touched_bytes(touch, call.aliases, &traffic);
