@@ -325,6 +325,8 @@ void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std
 // pricing.cpp
 double on_chip_bytes();
 bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops counts FLOPs of
+// Note [Ops TorchNeuron runs on the host] (pricing.cpp): it runs them on CPU, the chip moves their bytes
+bool torchneuron_runs_on_host(const c10::OperatorName& name);
 // layouts.cpp: the kernels that refuse sparse and nested (strided) tensors on neuron, kept
 // alive in libraries (Note [Dense layouts only]).
 void refuse_sparse_and_nested(std::vector<std::unique_ptr<torch::Library>>& libraries);

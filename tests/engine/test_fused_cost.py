@@ -161,3 +161,21 @@ def test_the_op_log_says_where_a_fused_launchs_time_goes():
     assert [name for name, _ in ops] == ["aten::mul", "aten::add", "aten::mul", "aten::relu", "aten::add_"]
     assert ops[1][1] == pytest.approx(_vector(N))  # on chip: the Vector Engine's time alone
     assert sum(us for _, us in ops) == pytest.approx(s.device_time_us - s.launch_overhead_us)
+
+
+def _through_the_host(x):
+    # linalg_inv_ex is one of the ops TorchNeuron runs on the host: what it reads must be in
+    # HBM to go there, and what it returns comes back into HBM
+    return torch.ops.aten.linalg_inv_ex.default(x + 1.0)[0] * 2.0
+
+
+def test_a_value_a_host_run_op_reads_or_returns_goes_through_hbm_in_a_fused_launch():
+    # Note [Ops TorchNeuron runs on the host] (device/csrc/aten/pricing.cpp)
+    x = (torch.randn(256, 256) + 256 * torch.eye(256)).to("neuron")
+    eager, eager_ops = _last_of_steps("eager", lambda: _through_the_host(x))
+    adaptive, adaptive_ops = _last_of_steps("adaptive", lambda: _through_the_host(x))
+    assert adaptive.launches == 1 and adaptive.transfers == eager.transfers == 2
+    # the add writes its result to HBM and the mul reads the inverse from there, as in eager
+    # mode; in SBUF, the add's write and the mul's read would be free
+    assert [name for name, _ in adaptive_ops] == [name for name, _ in eager_ops] == ["aten::add", "aten::mul"]
+    assert [us for _, us in adaptive_ops] == pytest.approx([us for _, us in eager_ops], rel=1e-12)

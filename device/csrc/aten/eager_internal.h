@@ -40,9 +40,8 @@ double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in
 double launch_op(c10::DeviceIndex d, const std::string& name, double flops, double nbytes, double elements,
                  at::ScalarType dtype);
 
-// Note [Ops TorchNeuron runs on the host]: the ops it runs on CPU on purpose, and their price
-// (two transfers, no launch); the price in µs.
-bool torchneuron_runs_on_host(const c10::OperatorName& name);
+// Note [Ops TorchNeuron runs on the host] (torchneuron_runs_on_host in neuron.h): their price,
+// two transfers and no launch; the price in µs.
 double charge_host_round_trip(c10::DeviceIndex d, double argument_bytes, double result_bytes);
 
 // -- host_alias.cpp: Note [Host aliases] ----------------------------------------------------

@@ -211,21 +211,6 @@ double launch_op(c10::DeviceIndex d, const std::string& name, double flops, doub
   return launch(d, op_us, 1);
 }
 
-// Note [Ops TorchNeuron runs on the host]: TorchNeuron registers CPU fallbacks for the linalg
-// ops whose results CPU makes column-major (torch-neuronx's python_ops/cpu_fallback_registrations.py):
-// each tensor argument goes to the host (`.cpu()`, which waits for the device), CPU's kernel
-// runs there, and each result comes back (`.to(device)`). The chip runs no kernel for them and
-// moves their bytes twice, so that is their price here: the arguments' bytes out and the
-// results' bytes in, as two transfers, and no launch. Their values are CPU's kernel's either way.
-bool torchneuron_runs_on_host(const c10::OperatorName& name) {
-  static const std::unordered_set<std::string> kOps = {
-      "aten::linalg_qr",         "aten::_linalg_svd",         "aten::_linalg_eigh",
-      "aten::linalg_cholesky_ex", "aten::linalg_inv_ex",       "aten::linalg_lu_factor_ex",
-      "aten::linalg_ldl_factor_ex", "aten::_linalg_slogdet",   "aten::_linalg_det",
-      "aten::cholesky_inverse",  "aten::triangular_solve"};
-  return name.overload_name.empty() && kOps.count(name.name) > 0;  // it registers the default overloads
-}
-
 double charge_host_round_trip(c10::DeviceIndex d, double argument_bytes, double result_bytes) {
   transfer(d, static_cast<int64_t>(argument_bytes), transfer_us(argument_bytes));
   transfer(d, static_cast<int64_t>(result_bytes), transfer_us(result_bytes));
@@ -262,6 +247,23 @@ double on_chip_bytes() { return eager_detail::g_on_chip_bytes; }
 
 bool runs_on_tensor_engine(const c10::OperatorName& name) {
   return eager_detail::kTensorEngineOps.count(name.name) > 0;
+}
+
+// Note [Ops TorchNeuron runs on the host]: TorchNeuron registers CPU fallbacks for the linalg
+// ops whose results CPU makes column-major (torch-neuronx's python_ops/cpu_fallback_registrations.py):
+// each tensor argument goes to the host (`.cpu()`, which waits for the device), CPU's kernel
+// runs there, and each result comes back (`.to(device)`). The chip runs no kernel for them and
+// moves their bytes twice, so that is their price here: the arguments' bytes out and the
+// results' bytes in, as two transfers, and no launch (charge_host_round_trip). In a fused launch
+// their arguments are written to HBM and their results read from there (plan_on_chip), not
+// kept in SBUF. Their values are CPU's kernel's either way.
+bool torchneuron_runs_on_host(const c10::OperatorName& name) {
+  static const std::unordered_set<std::string> kOps = {
+      "aten::linalg_qr",         "aten::_linalg_svd",         "aten::_linalg_eigh",
+      "aten::linalg_cholesky_ex", "aten::linalg_inv_ex",       "aten::linalg_lu_factor_ex",
+      "aten::linalg_ldl_factor_ex", "aten::_linalg_slogdet",   "aten::_linalg_det",
+      "aten::cholesky_inverse",  "aten::triangular_solve"};
+  return name.overload_name.empty() && kOps.count(name.name) > 0;  // it registers the default overloads
 }
 
 }  // namespace neuron

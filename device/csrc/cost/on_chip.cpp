@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_set>
 #include <string>
 #include <utility>
 
@@ -82,13 +83,22 @@ void plan_on_chip(Launch& launch) {
       ++it->second.entries;
     }
   };
+  // Note [Ops TorchNeuron runs on the host]: what such an op reads goes to the host from HBM.
+  std::unordered_set<const c10::StorageImpl*> to_host;
   for (size_t i = 0; i < n; ++i) {
+    const bool host_run = torchneuron_runs_on_host(launch.entries[i].op.operator_name());
     for (const PendingArg& p : launch.entries[i].pending) {
       read_at(p.key, i);
+      if (host_run) {
+        to_host.insert(p.key);
+      }
     }
     for (const ExistingArg& e : launch.entries[i].existing) {
       if (!e.defines) {
         read_at(e.key, i);
+        if (host_run) {
+          to_host.insert(e.key);
+        }
       }
     }
   }
@@ -97,6 +107,7 @@ void plan_on_chip(Launch& launch) {
   std::vector<std::vector<std::pair<const c10::StorageImpl*, double>>> leaving(n);  // resident, last read at i
   // A value entry i makes: held by the program at issue (`leaves`), the launch writes it to HBM.
   auto made = [&](size_t i, const c10::StorageImpl* key, double nbytes, bool leaves) {
+    leaves = leaves || to_host.count(key) > 0;
     const auto read = reads.find(key);
     if (read == reads.end()) {
       if (!leaves) {
@@ -125,16 +136,20 @@ void plan_on_chip(Launch& launch) {
   };
   for (size_t i = 0; i < n; ++i) {
     const Entry& entry = launch.entries[i];
-    size_t k = 0;
-    for (const OutputSpec& spec : entry.plan->outputs) {
-      if (spec.defined) {
-        const c10::weak_intrusive_ptr<c10::StorageImpl>& output = entry.outputs[k++];
-        made(i, output._unsafe_get_target(), static_cast<double>(spec.nbytes), !output.expired());
+    // Note [Ops TorchNeuron runs on the host]: its results come from the host into HBM, and
+    // are read from there.
+    if (!torchneuron_runs_on_host(entry.op.operator_name())) {
+      size_t k = 0;
+      for (const OutputSpec& spec : entry.plan->outputs) {
+        if (spec.defined) {
+          const c10::weak_intrusive_ptr<c10::StorageImpl>& output = entry.outputs[k++];
+          made(i, output._unsafe_get_target(), static_cast<double>(spec.nbytes), !output.expired());
+        }
       }
-    }
-    for (const ExistingArg& e : entry.existing) {
-      if (e.defines) {
-        made(i, e.key, e.nbytes, !e.storage.expired());
+      for (const ExistingArg& e : entry.existing) {
+        if (e.defines) {
+          made(i, e.key, e.nbytes, !e.storage.expired());
+        }
       }
     }
     for (const auto& value : leaving[i]) {
