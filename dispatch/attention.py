@@ -48,7 +48,12 @@ def _host_shadow(t):
     # metadata the choice reads too (a mask that needs a gradient rules out the flash kernel).
     if t is None:
         return None
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, requires_grad=t.requires_grad)
+    # torch.compile's dynamic shapes give symbolic sizes, and a CPU tensor needs numbers (it
+    # raised "SymIntArrayRef expected to contain only concrete integers": a compiled SDPA failed
+    # at its second sequence length). int() specialises each: the graph holds for these sizes
+    # and another size compiles again, as without dynamic shapes, taking the choice eager takes.
+    return torch.empty_strided([int(s) for s in t.size()], [int(s) for s in t.stride()], dtype=t.dtype,
+                               requires_grad=t.requires_grad)
 
 
 def _plain(t) -> bool:

@@ -436,6 +436,24 @@ def test_attention_whose_mask_needs_a_gradient_compiles_on_neuron():
     torch.testing.assert_close(compiled_grad, eager_grad)
 
 
+def _causal_attention(q, k, v):
+    return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_compiled_attention_runs_at_every_sequence_length_with_cpus_values(dynamic):
+    """The kernel choice of fake tensors with symbolic sizes (a new sequence length makes Dynamo
+    compile with dynamic shapes; dynamic=True does from the start): the host shadows needed
+    numbers, and compiling raised 'SymIntArrayRef expected to contain only concrete integers'."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_causal_attention, dynamic=dynamic)
+    make = torch.Generator().manual_seed(0)
+    for length in (16, 24, 32):
+        q, k, v = (torch.randn(1, 2, length, 8, generator=make) for _ in range(3))
+        out = compiled(q.to("neuron"), k.to("neuron"), v.to("neuron"))
+        assert torch.equal(out.cpu(), _causal_attention(q, k, v))
+
+
 @pytest.fixture
 def structured_trace_on():
     """What pytest 9.2's logging plugin does to every non-propagating logger: a handler on
