@@ -35,6 +35,10 @@ set_spend_overhead = _C.set_spend_overhead
 set_synchronizer = _C.set_synchronizer
 # generators
 host_generator = _C.host_generator
+default_generator = _C.default_generator
+draws_at_issue = _C.draws_at_issue
+set_draw_hook = _C.set_draw_hook
+drawing_from = _C.drawing_from
 # the eager path and host aliases of device bytes
 install_eager = _C.install_eager
 wait_for_device = _C.wait_for_device

@@ -52,18 +52,24 @@ class NeuronDevice:
         self.index = index
         self.name = f"neuron:{index}"
         self.memory = DeviceMemory(index, config.capacity_bytes)
-        self.generator = torch.Generator()
-        self.generator.manual_seed(DEFAULT_SEED)
-        self.initial_seed = DEFAULT_SEED
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The device's default generator: a seed and an offset, as TorchNeuron's; random ops
+        draw from torch's default CPU generator (Note [Random ops draw from CPU's generator] in
+        csrc/runtime/generator.cpp)."""
+        return native.default_generator(self.index)
+
+    @property
+    def initial_seed(self) -> int:
+        return self.generator.initial_seed()
 
     @property
     def counters(self) -> Counters:
         return Counters(*native.counters(self.index))
 
     def manual_seed(self, seed: int) -> None:
-        seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
-        self.generator.manual_seed(seed)
-        self.initial_seed = seed
+        self.generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 class Runtime:
@@ -177,8 +183,7 @@ class Runtime:
         """Give the C++ core this runtime's devices: guard, hooks, allocator, clock. Once per
         process, at registration (Note [C++ device guard])."""
         native.install(self.device_count, [d.memory.capacity for d in self.devices],
-                       self.cost.launch_overhead_us, self.config.spend_launch_overhead,
-                       [d.generator for d in self.devices])
+                       self.cost.launch_overhead_us, self.config.spend_launch_overhead, DEFAULT_SEED)
 
     def install_eager(self) -> None:
         """Register the C++ eager path (csrc/aten/registration.cpp), with this runtime's cost figures.

@@ -199,15 +199,15 @@ def build_module(runtime: Runtime) -> types.ModuleType:
         runtime.synchronize(None)
 
     # -- random numbers ----------------------------------------------------------------
-    # Note [RNG order]: random ops held back by an executor draw when they launch, so every
-    # function that reads or resets a generator first runs what is pending.
+    # Note [Random ops draw from CPU's generator] (csrc/runtime/generator.cpp): random ops on
+    # neuron draw from torch's default CPU generator, a deferred one at issue, as TorchNeuron's
+    # do; a device's own generator is a seed and an offset (16 bytes) that no op draws from. So
+    # nothing here waits for the device.
     def manual_seed(seed: int) -> None:
-        runtime.synchronize(None)
         runtime.device().manual_seed(seed)
 
     def manual_seed_all(seed: int) -> None:
         # Called by torch.manual_seed; must not call back into torch.manual_seed.
-        runtime.synchronize(None)
         for d in runtime.devices:
             d.manual_seed(seed)
 
@@ -221,17 +221,14 @@ def build_module(runtime: Runtime) -> types.ModuleType:
         return runtime.device().initial_seed
 
     def get_rng_state(device="neuron") -> torch.Tensor:
-        runtime.synchronize(None)
         return runtime.devices[_device_index(runtime, device)].generator.get_state()
 
     def get_rng_state_all() -> list[torch.Tensor]:
-        runtime.synchronize(None)
         return [d.generator.get_state() for d in runtime.devices]
 
     def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
         if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
             raise TypeError("set_rng_state expects the torch.uint8 tensor returned by get_rng_state")
-        runtime.synchronize(None)
         runtime.devices[_device_index(runtime, device)].generator.set_state(new_state.cpu())
 
     def set_rng_state_all(new_states) -> None:

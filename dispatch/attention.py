@@ -15,7 +15,7 @@ It runs that choice as the host would run it:
   (two forward with a boolean mask), the bits CPU's by construction.
 - math: a one-launch kernel each way (builtin_kernels.py): `neuron::attention` and
   `neuron::attention_backward` without dropout, `neuron::attention_dropout` and its backward
-  with dropout (the mask drawn from the device generator where the decomposition would draw
+  with dropout (the mask drawn from torch's default generator where the decomposition would draw
   it), computing exactly what the host's math path and CPU autograd compute. Only a mask that
   needs a gradient keeps the C++ body's differentiable ATen ops (several launches), so
   autograd records the same backward as on CPU.

@@ -8,7 +8,7 @@ bit-identical to CPU:
   its math path (where it takes its flash kernel, neuron issues that ATen op: attention.py).
   `neuron::attention_backward` is a recomputation under host autograd, which runs the very
   backward ops CPU autograd would run. With dropout (always the host's math path),
-  `neuron::attention_dropout` draws the mask from the device generator and its backward
+  `neuron::attention_dropout` draws the mask from torch's default generator and its backward
   replays it from the generator state the forward started from.
 - `neuron::rms_norm` runs `aten::rms_norm`'s composite body on the host (CPU has no fused
   RMSNorm kernel), `neuron::rms_norm_backward` its autograd backward by recomputation, the
@@ -22,6 +22,7 @@ L x L score matrix to HBM; the backward kernels pay for recomputing the forward.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import Tensor
@@ -214,7 +215,24 @@ def _attention_dropout_fake(query, key, value, attn_mask, dropout_p, is_causal, 
     return out, query.new_empty((state_bytes,), dtype=torch.uint8)
 
 
-@custom_kernel("neuron::attention_dropout", cost=_attention_dropout_cost, fake=_attention_dropout_fake, random=True)
+def _attention_dropout_draws(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, requires_grad):
+    """The kernel's draws, made at issue (Note [Deferred random ops draw at issue]): the host's
+    math path (aten::_scaled_dot_product_attention_math) drops out its attention weights with
+    at::dropout, which on a CPU tensor draws `empty_like(weights).bernoulli_(1 - p)` (none for
+    p == 0 or 1, or no weights). The weights: the batch dims of query and key broadcast (key's
+    heads repeated to query's under GQA), query's length by key's, in float for half and
+    bfloat16 (the math path computes in float)."""
+    key_batch = key.shape[:-2]
+    if enable_gqa and key.dim() >= 3 and query.dim() >= 3:
+        key_batch = key.shape[:-3] + query.shape[-3:-2]
+    shape = [*torch.broadcast_shapes(query.shape[:-2], key_batch), query.shape[-2], key.shape[-2]]
+    dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    if 0.0 < dropout_p < 1.0 and math.prod(shape) > 0:
+        torch.empty(shape, dtype=dtype).bernoulli_(1.0 - dropout_p)
+
+
+@custom_kernel("neuron::attention_dropout", cost=_attention_dropout_cost, fake=_attention_dropout_fake, random=True,
+               draws=_attention_dropout_draws)
 def attention_dropout(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_p: float,
                       is_causal: bool, scale: float | None, enable_gqa: bool,
                       requires_grad: list[bool]) -> tuple[Tensor, Tensor]:

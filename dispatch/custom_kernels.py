@@ -41,7 +41,8 @@ CostFn = Callable[..., dict]
 
 
 def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: CostFn | None = None,
-                  schema: str | None = None, fake: Callable | bool = False, random: bool = False):
+                  schema: str | None = None, fake: Callable | bool = False, random: bool = False,
+                  draws: Callable | None = None):
     """Decorator: register `fn` (computing on host tensors) as the custom op `name`
     ("namespace::op") that runs on neuron as one launch, priced by `cost`.
 
@@ -50,11 +51,20 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
     `fake` is the shape function torch.compile traces with (`register_fake`); `fake=True`
     uses `fn` itself, which works when every op it calls has a meta kernel (no `.item()`,
     no numpy). `random=True` marks a kernel that draws from torch's default CPU generator
-    (torch.rand, dropout, ...): on neuron it then draws from the device's generator in
-    stream order (Note [RNG order]), as ATen's random ops do. Returns the
+    (torch.rand, dropout, ...): its draws keep their place among the host's, as ATen's random
+    ops' do (Note [Random ops draw from CPU's generator]), so it runs at issue, never deferred,
+    unless `draws(*args)` is given: a function that makes, from torch's default generator,
+    exactly the draws the body will make, reading only its arguments' shapes, dtypes and
+    non-tensor values (their bytes may not exist yet); then the adaptive engine defers it as
+    any op, making its draws at issue (Note [Deferred random ops draw at issue]). Returns the
     `torch.library.custom_op` object: `.register_autograd`, `.register_fake` and calling it
     work as for any custom op.
     """
+    if draws is not None and not random:
+        raise TypeError(f"custom kernel {name}: `draws` describes a random kernel's draws; pass random=True with it")
+    if draws is not None and not callable(draws):
+        raise TypeError(f"custom kernel {name}: `draws` must be a function of the kernel's arguments, "
+                        f"got {type(draws).__name__}")
     tags = (torch.Tag.nondeterministic_seeded,) if random else ()
 
     def register(fn):
@@ -65,6 +75,9 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
             set_cost(op, cost)
         if fake:
             op.register_fake(fn if fake is True else fake)
+        if draws is not None:
+            registered = op._opoverload._schema
+            native.set_draw_hook(f"{registered.name}.{registered.overload_name}", draws)
         return op
     return register
 
@@ -95,8 +108,11 @@ def _on_host(fn, overload):
         index = runtime.current_index if device[0] < 0 else device[0]
         info = classify(overload)
         with measuring() as kernels:
-            if info.is_random:
-                with DefaultGeneratorLent(runtime.devices[index].generator):
+            # A random body draws from torch's default generator: at issue, or, deferred, from
+            # the copy it was given at issue (Note [Deferred random ops draw at issue]).
+            issued = native.drawing_from() if info.is_random else None
+            if issued is not None:
+                with DefaultGeneratorLent(issued):
                     out = fn(*host_args, **host_kwargs)
             else:
                 out = fn(*host_args, **host_kwargs)

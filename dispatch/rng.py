@@ -1,13 +1,10 @@
-"""The device's random numbers on host code that can only draw from torch's default generator.
+"""Replaying a draw: host code that can only draw from torch's default generator, drawing from another.
 
-Note [RNG order]: random ops on `neuron` draw from the device's generator (csrc/runtime/
-generator.cpp), in the order they are issued, whether they run at once (eager mode) or in a
-deferred launch (adaptive mode): the launch runs the queue in issue order and each op takes
-the generator it was issued with. So both modes draw the same numbers. ATen kernels get the
-generator as their argument (`generator=None` is filled in at issue, aten/generator_lending.cpp); host
-code that can only draw from torch's default CPU generator (a custom kernel's body, the
-math path of attention with dropout) borrows the device generator's state with
-DefaultGeneratorLent.
+Random ops on `neuron` draw from torch's default CPU generator in program order (Note [Random
+ops draw from CPU's generator] in csrc/runtime/generator.cpp), a deferred one from the copy it
+was given at issue (Note [Deferred random ops draw at issue], csrc/aten/generator_lending.cpp).
+A backward that must draw its forward's numbers again (attention's dropout mask) lends the
+default the state the forward started from with DefaultGeneratorLent.
 """
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ import torch
 class DefaultGeneratorLent:
     """Inside the block, torch's default CPU generator draws from `generator`'s state; on
     exit the state it reached goes back to `generator` and the default gets its own back.
-    For host code that can only use the default generator (Note [RNG order])."""
+    For host code that can only use the default generator (a backward replaying its forward's draws)."""
 
     __slots__ = ("generator", "saved")
 

@@ -1371,7 +1371,8 @@ def _run_queue_profiled(p: Pending) -> int:
 
 def _may_use_stream(trace) -> bool:
     """Its launches may run on the device stream: only C++ kernels, and no random numbers
-    (they come from the device generator in stream order, on the host: Note [RNG order])."""
+    (native_dropout draws from torch's default generator lent the state it was issued with,
+    which must happen while the host waits: Note [Deferred random ops draw at issue])."""
     ok = trace.stream_ok
     if ok is None:
         ok = trace.stream_ok = all(

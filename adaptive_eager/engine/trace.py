@@ -87,6 +87,10 @@ def build_proto(info, rec: OpRecord, result, args, kwargs) -> OpProto:
             storages.add(native.storage_of(v)[0])
         elif isinstance(v, torch.Generator):
             barrier = True  # its state must move at issue, where the user may read it
+    if info.is_random and not native.draws_at_issue(info.op._schema.name, info.op._schema.overload_name):
+        # Its draws depend on its arguments' values, or on a Python body: they cannot be made
+        # at issue without running it (Note [Deferred random ops draw at issue]).
+        barrier = True
     if device is None:  # a factory: the device it names
         named = kwargs.get(info.device_arg) if info.device_arg else None
         device = named.index if isinstance(named, torch.device) and named.index is not None \

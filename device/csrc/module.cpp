@@ -3,6 +3,7 @@
 
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include <memory>
@@ -18,16 +19,14 @@ DeviceIndex index_of(int64_t index) { return neuron::checked_device(index); }
 
 // Once per process, at registration (dispatch/registration.py).
 void install(int64_t device_count, const std::vector<int64_t>& capacities, double launch_overhead_us,
-             bool spend_overhead, std::vector<at::Generator> generators) {
-  TORCH_CHECK(static_cast<int64_t>(capacities.size()) == device_count &&
-                  static_cast<int64_t>(generators.size()) == device_count,
-              "one capacity and one generator per device: got ", capacities.size(), " and ", generators.size(),
-              " for ", device_count, " devices");
+             bool spend_overhead, uint64_t seed) {
+  TORCH_CHECK(static_cast<int64_t>(capacities.size()) == device_count, "one capacity per device: got ",
+              capacities.size(), " for ", device_count, " devices");
   neuron::set_up_host_vector_math();  // before any kernel: Note [MKL's vector math starts racily]
   neuron::install_guard(device_count);
   neuron::install_memory(capacities);
   neuron::install_clock(static_cast<DeviceIndex>(device_count), launch_overhead_us, spend_overhead);
-  neuron::install_generators(std::move(generators));
+  neuron::install_generators(static_cast<DeviceIndex>(device_count), seed);
 }
 
 py::dict memory_stats(int64_t index) {
@@ -152,6 +151,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fn(device index, -1 for all) runs held-back work and waits; issuer(index) only issues it");
   // generators
   m.def("host_generator", &neuron::host_generator, "the CPU generator a kernel draws from for a neuron generator");
+  m.def("default_generator", [](int64_t index) { return neuron::default_generator(index_of(index)); },
+        "neuron:index's default generator (a seed and an offset: Note [Random ops draw from CPU's generator])");
+  m.def("draws_at_issue", &neuron::draws_at_issue, py::arg("name"), py::arg("overload"),
+        "whether a random op may be deferred, its draws made at issue (Note [Deferred random ops draw at issue])");
+  m.def(
+      "set_draw_hook",
+      [](const std::string& op, py::function draws) {
+        // Kept for the process's life, never released: the hook table outlives the interpreter,
+        // and releasing a Python object after it has finalized would crash at exit.
+        auto* held = new py::function(std::move(draws));
+        neuron::set_draw_hook(op, [held](const torch::jit::Stack& arguments) {
+          py::gil_scoped_acquire gil;  // at issue, on the issuing thread
+          py::tuple args(arguments.size());
+          for (size_t i = 0; i < arguments.size(); ++i) {
+            args[i] = torch::jit::toPyObject(arguments[i]);
+          }
+          (*held)(*args);
+        });
+      },
+      py::arg("op"), py::arg("draws"),
+      "draws(*arguments) makes the custom kernel op's draws (\"ns::op.overload\"): Note [Deferred random ops "
+      "draw at issue]");
+  m.def("drawing_from", &neuron::drawing_from,
+        "the generator the deferred random op running on this thread draws from, or None");
   // the eager path (aten/registration.cpp) and host aliases of device bytes (aten/host_alias.cpp)
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
   // the device's executor (runtime/executor.cpp) and the eager ops it runs (aten/issue.cpp)

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <typeinfo>
 #include <unordered_map>
@@ -170,19 +171,48 @@ void add_internal_source_dir(std::string dir);  // torch's, and each layer of th
 c10::Allocator* pinned_allocator();
 bool is_pinned_ptr(const void* data);
 
-// generator.cpp: neuron generators, each holding the CPU generator the kernels draw from.
-void install_generators(std::vector<at::Generator> host_generators);  // the runtime's, one per device
+// generator.cpp: the devices' default generators (a seed and an offset, as TorchNeuron's: no op
+// draws from them, Note [Random ops draw from CPU's generator]) and explicit neuron generators.
+void install_generators(c10::DeviceIndex device_count, uint64_t seed);
 // runtime/host_math.cpp, Note [MKL's vector math starts racily]: one VML call on this thread,
 // before any kernel runs, so no two threads' first calls race.
 void set_up_host_vector_math();
 const at::Generator& default_generator(c10::DeviceIndex d);  // -1: the current device's
 at::Generator new_generator(c10::DeviceIndex d);
-// The CPU generator a kernel must be given for g (g itself when it is a CPU generator).
+// The CPU generator a kernel must be given for g (g itself when it is a CPU generator; torch's
+// default CPU generator for a device's default).
 at::Generator host_generator(const at::Generator& g);
 
 // aten/generator_lending.cpp: whether the op `name` (ns::op) with these tags may draw random
 // numbers on neuron, whose kernels are CPU's (Note [Seeded ops that never draw]).
 bool draws_random_numbers(const std::string& name, bool nondeterministic_seeded, bool has_generator_argument);
+// Note [Deferred random ops draw at issue]: whether the op (ns::op, overload) may be deferred,
+// its draws made at issue on scratch tensors of its arguments' geometry (the numbers it draws
+// do not depend on its arguments' values); other random ops run at issue.
+bool draws_at_issue(const std::string& name, const std::string& overload);
+// For a deferred random op (stack holds its arguments from `first`): a copy of torch's default
+// CPU generator as it is now, for the op to draw from when it runs, after moving the default on
+// as the op's draws will (its CPU kernel run on scratch tensors of its arguments' geometry).
+at::Generator draw_at_issue(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first);
+bool has_explicit_generator(const torch::jit::Stack& stack, size_t first);  // a Generator among the arguments
+// A custom kernel's account of its draws: given its arguments (neuron tensors whose bytes may not
+// exist: geometry only), makes from torch's default CPU generator the draws its body will make.
+using DrawHook = std::function<void(const torch::jit::Stack& arguments)>;
+void set_draw_hook(const std::string& op, DrawHook hook);  // op: "ns::op.overload"
+// The generator a deferred random op running on this thread draws from (DrawsFrom), if any.
+std::optional<at::Generator> drawing_from();
+// While one lives, a random op without a generator that runs on this thread draws from g (the
+// generator draw_at_issue gave it); an undefined g changes nothing.
+class DrawsFrom {
+ public:
+  explicit DrawsFrom(const std::optional<at::Generator>& g);
+  ~DrawsFrom();
+  DrawsFrom(const DrawsFrom&) = delete;
+  DrawsFrom& operator=(const DrawsFrom&) = delete;
+
+ private:
+  const std::optional<at::Generator>* previous_;
+};
 
 // streams.cpp: streams and events on the device's one in-order queue (Note [One queue per device]).
 // The synchronizer runs what upper layers hold back for device d (-1: all), then waits for it.

@@ -192,53 +192,74 @@ def test_accelerator_is_neuron():
 
 
 # -- random numbers -------------------------------------------------------------------------
-def test_manual_seed_makes_device_random_numbers_reproducible():
-    torch.neuron.manual_seed(7)
-    a = torch.randn(5, device="neuron")
-    torch.neuron.manual_seed(7)
-    b = torch.randn(5, device="neuron")
-    torch.neuron.manual_seed(8)
-    c = torch.randn(5, device="neuron")
-    assert torch.equal(a.cpu(), b.cpu())
-    assert not torch.equal(a.cpu(), c.cpu())
-    assert torch.neuron.initial_seed() == 8
+# Random numbers as TorchNeuron draws them (Note [Random ops draw from CPU's generator],
+# csrc/runtime/generator.cpp): random ops on neuron continue torch's default CPU generator;
+# a device's own generator is a seed and an offset that no op draws from.
+def test_device_random_numbers_continue_the_cpu_generators_sequence():
+    # TorchNeuron's test pattern: seed, draw on CPU, then a draw on neuron is CPU's next draw.
+    t = torch.zeros(2, 3, device="neuron")
+    torch.manual_seed(0)
+    torch.randn(5)
+    expected = [torch.randn(2, 3), torch.rand(2, 3), torch.empty(2, 3).bernoulli_(0.4),
+                torch.randint(0, 9, (2, 3)), torch.randperm(7), torch.empty(2, 3).normal_(1.0, 2.0)]
+    torch.manual_seed(0)
+    torch.randn(5)
+    got = [torch.randn_like(t), torch.rand(2, 3, device="neuron"), torch.empty_like(t).bernoulli_(0.4),
+           torch.randint(0, 9, (2, 3), device="neuron"), torch.randperm(7, device="neuron"),
+           torch.empty_like(t).normal_(1.0, 2.0)]
+    for e, g in zip(expected, got):
+        assert g.device.type == "neuron" and torch.equal(g.cpu(), e)
 
 
-def test_manual_seed_all_and_torch_manual_seed_seed_every_device():
-    torch.neuron.manual_seed_all(3)
-    a0, a1 = torch.rand(4, device="neuron:0"), torch.rand(4, device="neuron:1")
+def test_device_random_numbers_move_the_cpu_generator_as_cpu_draws_would():
+    torch.manual_seed(5)
+    torch.rand(3, device="neuron")
+    torch.nn.functional.dropout(torch.ones(4, 4, device="neuron"), 0.5)
+    after_neuron = torch.randn(4)
+    torch.manual_seed(5)
+    torch.rand(3)
+    torch.nn.functional.dropout(torch.ones(4, 4), 0.5)
+    assert torch.equal(after_neuron, torch.randn(4))
+
+
+def test_torch_manual_seed_reproduces_device_random_numbers_and_sets_every_device_seed():
     torch.manual_seed(3)
-    b0, b1 = torch.rand(4, device="neuron:0"), torch.rand(4, device="neuron:1")
-    assert torch.equal(a0.cpu(), a1.cpu())  # same seed, independent per-device generators
-    assert torch.equal(a0.cpu(), b0.cpu()) and torch.equal(a1.cpu(), b1.cpu())
+    a = torch.rand(4, device="neuron:0"), torch.rand(4, device="neuron:1")
+    assert torch.neuron.initial_seed() == 3 and torch.neuron.get_rng_state(1)[:8].tolist() == [3] + [0] * 7
+    torch.manual_seed(3)
+    b = torch.rand(4, device="neuron:0"), torch.rand(4, device="neuron:1")
+    assert torch.equal(a[0].cpu(), b[0].cpu()) and torch.equal(a[1].cpu(), b[1].cpu())
+    assert not torch.equal(a[0].cpu(), a[1].cpu())  # one sequence, continued
 
 
-def test_seed_and_seed_all_pick_fresh_random_seeds():
+def test_manual_seed_and_seed_set_the_device_generators_seed():
+    torch.neuron.manual_seed(7)
+    assert torch.neuron.initial_seed() == 7
+    torch.neuron.manual_seed_all(8)
+    assert [torch.neuron.get_rng_state(i)[0].item() for i in range(2)] == [8, 8]
     torch.neuron.seed()
     first = torch.neuron.initial_seed()
     torch.neuron.seed_all()
-    second = torch.neuron.initial_seed()
-    assert first != second  # two 64-bit draws from os.urandom
-    a = torch.randn(4, device="neuron")
-    torch.neuron.manual_seed(second)
-    assert torch.equal(a.cpu(), torch.randn(4, device="neuron").cpu())
+    assert torch.neuron.initial_seed() != first  # two 64-bit draws from os.urandom
 
 
-def test_device_random_numbers_do_not_depend_on_cpu_random_calls():
-    torch.neuron.manual_seed(11)
-    a = torch.randn(3, device="neuron")
-    torch.neuron.manual_seed(11)
-    torch.randn(100)  # CPU generator only
-    b = torch.randn(3, device="neuron")
-    assert torch.equal(a.cpu(), b.cpu())
-
-
-def test_restoring_rng_state_replays_the_same_numbers():
+def test_device_rng_state_is_its_seed_and_offset_in_16_bytes_and_round_trips():
+    torch.neuron.manual_seed(42)
     state = torch.neuron.get_rng_state()
-    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    assert state.dtype == torch.uint8 and state.device.type == "cpu" and state.numel() == 16
+    assert int.from_bytes(bytes(state[:8].tolist()), "little") == 42 and state[8:].sum() == 0
+    torch.rand(3, device="neuron")  # draws from CPU's generator: the device's state stays
+    assert torch.equal(torch.neuron.get_rng_state(), state)
+    torch.neuron.manual_seed(100)
+    torch.neuron.set_rng_state(state)
+    assert torch.neuron.initial_seed() == 42
+
+
+def test_restoring_the_cpu_rng_state_replays_device_random_numbers():
+    state = torch.get_rng_state()
     a = torch.randn(3, device="neuron")
     b = torch.randn(3, device="neuron")
-    torch.neuron.set_rng_state(state)
+    torch.set_rng_state(state)
     assert torch.equal(torch.randn(3, device="neuron").cpu(), a.cpu())
     assert not torch.equal(a.cpu(), b.cpu())
 
@@ -246,9 +267,14 @@ def test_restoring_rng_state_replays_the_same_numbers():
 def test_rng_state_is_per_device():
     torch.neuron.manual_seed_all(0)
     state1 = torch.neuron.get_rng_state("neuron:1")
-    torch.randn(3, device="neuron:0")
+    torch.neuron.manual_seed(9)  # the current device's only
     assert torch.equal(torch.neuron.get_rng_state(1), state1)
     assert not torch.equal(torch.neuron.get_rng_state(0), state1)
+
+
+def test_set_rng_state_rejects_a_state_of_another_size_saying_what_it_takes():
+    with pytest.raises(TypeError, match="16 bytes.*torch.neuron.get_rng_state"):
+        torch.neuron.set_rng_state(torch.get_rng_state())  # a CPU generator's state
 
 
 def test_a_neuron_generator_draws_what_a_cpu_generator_with_its_seed_draws():

@@ -15,7 +15,8 @@ autograd steps, references dropped, aliasing that changes between iterations, pi
 buffers, and divergent iterations (another op or shape).
 
 Everything the program reads back, every tensor it holds at the end (values bit for bit,
-shapes, strides, dtypes, devices) and the device RNG state must be the same in both modes.
+shapes, strides, dtypes, devices) and the state of the generator neuron's random ops draw from
+(torch.get_rng_state()) must be the same in both modes.
 Programs with only device ops in the body must also have been fused (stats().fused_launches).
 
 Own generator rather than hypothesis: programs are source text from the start (the
@@ -43,11 +44,12 @@ GROWING_PROGRAMS = 40
 CHAIN_PROGRAMS = 30
 SHRINK_SECONDS = 20.0
 
-# torch.neuron.get_rng_state()/manual_seed() launch pending work first (Note [RNG order]),
-# so programs touch the generator without an explicit synchronize (False would add one).
+# Random ops on neuron draw from torch's default CPU generator, a deferred one at issue (Note
+# [Deferred random ops draw at issue]), so programs read, reseed and draw from it on the host
+# without an explicit synchronize (False would add one).
 RNG_CALLS_SYNC = True
-_RNG_READ = ("out.append(torch.neuron.get_rng_state())" if RNG_CALLS_SYNC else
-             "torch.neuron.synchronize(); out.append(torch.neuron.get_rng_state())  # sync: see RNG_CALLS_SYNC")
+_RNG_READ = ("out.append(torch.get_rng_state())" if RNG_CALLS_SYNC else
+             "torch.neuron.synchronize(); out.append(torch.get_rng_state())  # sync: see RNG_CALLS_SYNC")
 
 # The storage each setup name lives in (views share their base's).
 _BASES = {"a_rows": "a", "a_r": "a", "b_t": "b", "w_v": "w", "vec_e": "vec", "big_even": "big", "big_hi": "big"}
@@ -375,7 +377,8 @@ class _Gen:
             f"out.append(repr({name}))",
             f"out.append(torch.zeros({name}.shape).copy_({name}))  # copy_ into a CPU tensor",
             _RNG_READ,
-            _RNG_READ.replace("out.append(torch.neuron.get_rng_state())", "torch.neuron.manual_seed(i)"),
+            _RNG_READ.replace("out.append(torch.get_rng_state())", "torch.manual_seed(i)"),
+            _RNG_READ.replace("out.append(torch.get_rng_state())", "out.append(torch.rand(3))  # a host draw"),
         ])
         return self.guard([read])
 
@@ -553,7 +556,7 @@ def run(program: Program, mode: str, fresh: bool = True):
             held = fn(out, buf)
             if not RNG_CALLS_SYNC:
                 torch.neuron.synchronize()
-            rng = torch.neuron.get_rng_state().clone()  # first, before any read syncs
+            rng = torch.get_rng_state().clone()  # the generator neuron's random ops draw from
             final = {k: _host(v) for k, v in held.items()}
             # What the live tensors hold on the device: the engine keeps nothing extra alive
             # once synchronized, and counts each storage once, as eager mode does.
@@ -591,7 +594,7 @@ def differences(eager, adaptive) -> list[str]:
         if msg:
             found.append(f"final tensor {k}: {msg}")
     if (g1 is None) != (g2 is None) or g1 is not None and not torch.equal(g1, g2):
-        found.append("device RNG state (torch.neuron.get_rng_state()) differs at the end")
+        found.append("RNG state (torch.get_rng_state(), which neuron's random ops draw from) differs at the end")
     return found
 
 
@@ -648,7 +651,7 @@ def shrink(program: Program) -> Program:
 _HOW_TO_RUN = (
     "To reproduce: paste the listing, then for mode in ('eager', 'adaptive'): "
     "adaptive_eager.set_mode(mode); torch.manual_seed(1234); out, buf = [], io.StringIO(); "
-    "held = program(out, buf); compare out, buf.getvalue(), held and torch.neuron.get_rng_state(). "
+    "held = program(out, buf); compare out, buf.getvalue(), held and torch.get_rng_state(). "
     "In this file: run(generate(seed), mode) and differences(...).")
 
 
@@ -725,7 +728,7 @@ def test_generator_covers_every_feature():
     for needle in ("add_(", "mul_(", "copy_(", "index_put_(", "masked_fill_(", "dropout(", "rand_like(",
                    "bernoulli_(", "* lr", "cs", ".item()", ".tolist()", "print(", "bool(",
                    "torch.neuron.synchronize()", ".to('neuron'", "divergent iteration", "@", ".sum(",
-                   "b_t", "a_rows", "vec_e", "w_v", "get_rng_state", "manual_seed(i)", "# view", "bfloat16",
+                   "b_t", "a_rows", "vec_e", "w_v", "get_rng_state", "manual_seed(i)", "torch.rand(3)", "# view", "bfloat16",
                    "backward()", "aliasing changes", "ping-pong", "torch.full(", "neuron:1", "host mutation",
                    "drop the reference", "nonzero()", "multinomial", "out=", "repr(", "torch.equal(",
                    "scaled_dot_product_attention(", "dropout_p=", "rms_norm(", "linalg.cholesky(",
@@ -746,14 +749,16 @@ def _rng_after_deferred_rand_like(mode: str):
             w = torch.rand_like(x)
             q = (w * 2 + 1) * 3
         w = torch.rand_like(x)  # the cached trace's first op: deferred in adaptive mode
-        state = torch.neuron.get_rng_state().clone()
-        torch.neuron.manual_seed(7)  # must not reach the rand_like issued before it
-        return state, w.cpu(), q.cpu()
+        state = torch.get_rng_state().clone()
+        host = torch.rand(3)  # a host draw after it: the numbers after the rand_like's
+        torch.manual_seed(7)  # must not reach the rand_like issued before it
+        return state, w.cpu(), q.cpu(), host
 
 
 def test_rng_state_sees_deferred_random_ops():
-    (s_e, w_e, q_e), (s_a, w_a, q_a) = _rng_after_deferred_rand_like("eager"), _rng_after_deferred_rand_like("adaptive")
-    assert torch.equal(q_e, q_a)
+    (s_e, w_e, q_e, h_e), (s_a, w_a, q_a, h_a) = (_rng_after_deferred_rand_like("eager"),
+                                                  _rng_after_deferred_rand_like("adaptive"))
+    assert torch.equal(q_e, q_a) and torch.equal(h_e, h_a)
     assert torch.equal(w_e, w_a), "a rand_like issued before manual_seed drew from the reseeded generator"
     assert torch.equal(s_e, s_a), "get_rng_state() missed a random op issued before it"
 

@@ -94,11 +94,68 @@ def test_random_ops_draw_in_stream_order_in_both_modes():
             if i == STEPS:
                 y = y + torch.randn(64, device="neuron")  # a random factory between deferred ops
             outs.append(y.sum())
-        return [o.item() for o in outs], torch.neuron.get_rng_state()
+        return [o.item() for o in outs], torch.get_rng_state()
 
     eager, adaptive = run("eager"), run("adaptive")
     assert eager[0] == adaptive[0]
     assert torch.equal(eager[1], adaptive[1])
+
+
+# Note [Deferred random ops draw at issue]: neuron's random ops draw from torch's default CPU
+# generator, as TorchNeuron's do, so the host's own draws between them must keep their place.
+def _dropout_step_with_host_draws(device: str, steps: int = STEPS + 3):
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(32, 4)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    launches, host_draws = [], []
+    for _ in range(steps):
+        before = adaptive_eager.stats().launches
+        x = torch.randn(8, 16).to(device)  # a host draw before the step's device draws
+        h = model(x)
+        y = torch.randn(8, 4)  # a host draw after dropout's mask was issued, before it runs
+        noise = torch.rand(8, 4, device=device).bernoulli_(0.5)
+        loss = ((h + noise + y.to(device)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        host_draws.append(y)
+        if device != "cpu":
+            torch.neuron.synchronize()
+            launches.append(adaptive_eager.stats().launches - before)
+    return [p.detach().cpu() for p in model.parameters()], host_draws, torch.get_rng_state(), launches
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_a_dropout_model_trains_as_on_cpu_with_host_draws_between_its_device_draws(mode):
+    adaptive_eager.set_mode(mode)
+    cpu = _dropout_step_with_host_draws("cpu")
+    neuron = _dropout_step_with_host_draws("neuron")
+    assert all(torch.equal(a, b) for a, b in zip(cpu[0], neuron[0])), "parameters differ from CPU's"
+    assert all(torch.equal(a, b) for a, b in zip(cpu[1], neuron[1])), "a host draw got other numbers"
+    assert torch.equal(cpu[2], neuron[2]), "the CPU generator ended elsewhere"
+    if mode == "adaptive":  # its random ops were deferred, not run at issue: one launch a step
+        assert neuron[3][-3:] == [1, 1, 1]
+
+
+def test_a_random_op_whose_draws_depend_on_values_runs_at_issue_in_order():
+    # multinomial's CPU kernel draws as its probabilities say: it cannot draw ahead on scratch
+    # tensors, so the engine runs it at issue (a barrier), keeping its place among host draws.
+    def run(device):
+        torch.manual_seed(5)
+        w = torch.rand(4, 6).to(device)
+        outs = []
+        for _ in range(STEPS + 2):
+            p = (w * 2).softmax(-1)
+            picked = torch.multinomial(p, 3)
+            host = torch.rand(2)
+            noise = torch.empty_like(w).uniform_()
+            outs.append((picked.cpu(), host, noise.cpu()))
+        return outs, torch.get_rng_state()
+
+    cpu, neuron = run("cpu"), run("neuron")
+    assert all(torch.equal(a, b) for x, y in zip(cpu[0], neuron[0]) for a, b in zip(x, y))
+    assert torch.equal(cpu[1], neuron[1])
 
 
 def test_host_to_device_copy_snapshots_the_host_data_when_issued():

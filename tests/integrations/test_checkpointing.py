@@ -1,6 +1,7 @@
 """Activation checkpointing and torch.random.fork_rng on neuron (issue 12): checkpoint saves the
-device's RNG state in forward and restores it for the recomputation in backward, so dropout
-draws the same mask twice and checkpointed training is bitwise CPU's. It does so only when
+RNG states in forward (CPU's, which neuron's random ops draw from, and the device's) and
+restores them for the recomputation in backward, so dropout draws the same mask twice and
+checkpointed training is bitwise CPU's. It does so only when
 `torch.neuron._initialized` says the device is ready (without it: ~0.1 away after 8 steps)."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def _train(device, use_reentrant, steps=8):
                                 torch.nn.Linear(16, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 8).to(device).requires_grad_()
-    # The dropout masks from here on: CPU's generator and the device's, seeded alike.
+    # The dropout masks from here on: CPU's generator, which neuron's dropout draws from too.
     torch.manual_seed(1)
     losses = []
     for _ in range(steps):

@@ -76,20 +76,49 @@ def test_custom_kernel_is_one_launch_and_computes_on_the_host(eager):
 
 @adaptive_eager.custom_kernel("ck_test::jitter", random=True)
 def jitter(x: Tensor) -> Tensor:
-    return x + torch.rand_like(x)  # torch's default generator: the device's, on neuron
+    return x + torch.rand_like(x)  # torch's default generator, on neuron too
+
+
+def _jitter_draws(x):
+    torch.rand(x.shape, dtype=x.dtype)  # what rand_like(x) draws: x's shape alone decides it
+
+
+@adaptive_eager.custom_kernel("ck_test::jitter_deferred", random=True, draws=_jitter_draws)
+def jitter_deferred(x: Tensor) -> Tensor:
+    return x + torch.rand_like(x)
+
+
+def _jitter_loop(kernel, device):
+    torch.manual_seed(3)
+    x = torch.zeros(5, device=device)
+    outs, host, launches = [], [], []
+    for _ in range(8):
+        before = adaptive_eager.stats().launches
+        outs.append(kernel(torch.rand(5, device=device) + x) * 2)
+        host.append(torch.rand(2))  # a host draw after the kernel was issued
+        if device != "cpu":
+            torch.neuron.synchronize()
+            launches.append(adaptive_eager.stats().launches - before)
+    return [o.cpu() for o in outs], host, launches
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_random_custom_kernel_draws_from_the_device_generator_in_stream_order(mode):
-    x = torch.zeros(5)
+@pytest.mark.parametrize("kernel", [jitter, jitter_deferred], ids=["run_at_issue", "with_draws"])
+def test_random_custom_kernel_draws_cpus_numbers_in_program_order(kernel, mode):
+    """Note [Deferred random ops draw at issue]: a random body draws from torch's default
+    generator where the program issued it; with `draws`, adaptive mode defers it too."""
+    expected = _jitter_loop(kernel, "cpu")
     with adaptive_eager.mode(mode):
-        torch.manual_seed(3)  # CPU's and the device's generators alike
-        expected = [jitter(torch.rand(5) + x) for _ in range(6)]
-        torch.manual_seed(3)
-        xn = x.to("neuron")
-        got = [jitter(torch.rand(5, device="neuron") + xn) for _ in range(6)]
-        torch.rand(1)  # CPU draws in between must not shift the device's numbers
-        assert [torch.equal(g.cpu(), e) for g, e in zip(got, expected)] == [True] * 6
+        got = _jitter_loop(kernel, "neuron")
+    assert all(torch.equal(g, e) for g, e in zip(got[0], expected[0]))
+    assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
+    if mode == "adaptive":  # deferred with its draws, one launch a step; else cut at the kernel
+        assert (got[2][-1] == 1) == (kernel is jitter_deferred), got[2]
+
+
+def test_draws_without_random_is_refused_saying_what_to_pass():
+    with pytest.raises(TypeError, match="pass random=True"):
+        adaptive_eager.custom_kernel("ck_test::not_random", draws=_jitter_draws)(lambda x: x)
 
 
 def test_cost_hook_prices_the_launch_instead_of_bytes(eager):
@@ -271,13 +300,13 @@ def test_a_trace_with_attention_goes_to_the_device_stream_and_draws_nothing():
     q, w = torch.randn(1, 2, 6, 8, generator=g), torch.randn(8, 8, generator=g)
     qn, wn = q.to("neuron"), w.to("neuron")
     with adaptive_eager.mode("adaptive"):
-        state = torch.neuron.get_rng_state()
+        state = torch.get_rng_state()  # the generator neuron's random ops draw from
         for _ in range(12):
             out_n = F.scaled_dot_product_attention(qn @ wn, qn, qn, is_causal=True).relu()
         got = out_n.cpu()
         s = adaptive_eager.stats()
     assert s.stream_launches >= 4, s
-    assert torch.equal(torch.neuron.get_rng_state(), state)
+    assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(got, F.scaled_dot_product_attention(q @ w, q, q, is_causal=True).relu())
 
 
@@ -305,29 +334,30 @@ def test_attention_cost_counts_two_score_matmuls_and_no_score_matrix(backend, ea
 
 @pytest.mark.parametrize("case", ["causal", "bool_mask", "float_mask", "grouped_query"])
 def test_attention_with_dropout_is_one_op_each_way_and_matches_cpu(case, eager):
-    """With dropout the host takes the math path; the kernel draws the same mask from the
-    device generator where the decomposition would, and its backward replays it without
-    drawing again: outputs, gradients and the generator state all equal CPU's."""
+    """With dropout the host takes the math path; the kernel draws the same mask from CPU's
+    generator where the decomposition would, and its backward replays it without drawing
+    again: outputs, gradients and the generator state all equal CPU's."""
     (q, k, v), kwargs, on_neuron = _attention_case(case)
     qn, kn, vn = _to_neuron((q, k, v))
     torch.manual_seed(11)
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.4, **kwargs)
-    torch.neuron.manual_seed(11)
+    cpu_after_forward = torch.get_rng_state()
+    torch.manual_seed(11)
     fwd = _kernel_ops(lambda: F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.4, **on_neuron))
     assert [n for n in fwd if n != "aten.detach.default"] == ["neuron.attention_dropout.default"]
-    torch.neuron.manual_seed(11)
+    torch.manual_seed(11)
     out_n = F.scaled_dot_product_attention(qn, kn, vn, dropout_p=0.4, **on_neuron)
     assert torch.equal(out_n.cpu(), out)
     assert not torch.allclose(out, F.scaled_dot_product_attention(q, k, v, **kwargs)), "nothing was dropped"
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     loss = out_n.square().sum()
-    after_forward = torch.neuron.get_rng_state()
+    after_forward = torch.get_rng_state()
+    assert torch.equal(after_forward, cpu_after_forward)  # as many draws as CPU
     bwd = _kernel_ops(lambda: torch.autograd.grad(loss, (qn, kn, vn), retain_graph=True))
     assert [n for n in bwd if "attention" in n or "dropout" in n] == ["neuron.attention_dropout_backward.default"]
     for a, b in zip(grads, torch.autograd.grad(loss, (qn, kn, vn))):
         assert torch.equal(b.cpu(), a)
-    assert torch.equal(torch.neuron.get_rng_state(), after_forward)  # the backward drew nothing
-    assert torch.equal(torch.neuron.get_rng_state(), torch.get_rng_state())  # as many draws as CPU
+    assert torch.equal(torch.get_rng_state(), after_forward)  # the backward drew nothing
 
 
 def test_attention_mask_that_needs_a_gradient_keeps_the_host_decomposition(eager):
@@ -392,10 +422,7 @@ def test_attention_with_a_2d_query_gives_cpus_bits_whichever_input_needs_a_gradi
 
     def run(device):
         inputs = [t.to(device, copy=True).requires_grad_(f) for t, f in zip((q, k, v), flags)]
-        if device == "cpu":
-            torch.manual_seed(3)
-        else:
-            torch.neuron.manual_seed(3)
+        torch.manual_seed(3)
         out = F.scaled_dot_product_attention(*inputs, dropout_p=dropout_p)
         out.square().sum().backward()
         return [out.detach()] + [t.grad for t in inputs if t.requires_grad]
@@ -424,10 +451,7 @@ def test_attention_output_edited_in_place_then_backward_behaves_as_on_cpu(path, 
 
     def run(device):
         inputs = [t.to(device, copy=True).requires_grad_() for t in (q, k, v)]
-        if device == "cpu":
-            torch.manual_seed(1)
-        else:
-            torch.neuron.manual_seed(1)
+        torch.manual_seed(1)
         out = F.scaled_dot_product_attention(*inputs, dropout_p=dropout_p)
         out.mul_(2)
         out.square().sum().backward()
@@ -681,14 +705,14 @@ class TinyBlock(nn.Module):
 
 
 def _train(device, mode, steps=8, dropout=0.0):
-    torch.manual_seed(0)  # seeds the neuron generator too
+    torch.manual_seed(0)  # seeds the generator neuron draws from too
     model = TinyBlock(dropout=dropout).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(2, 6, 16, generator=g).to(device), torch.randn(2, 6, 4, generator=g).to(device))
             for _ in range(steps)]
     losses, per_step = [], []
-    torch.manual_seed(1)  # dropout draws from CPU's generator on CPU, the device's on neuron: both seeded alike
+    torch.manual_seed(1)  # dropout draws from CPU's generator, on CPU and on neuron
     with adaptive_eager.mode(mode):
         adaptive_eager.reset_stats()
         for x, y in data:

@@ -71,10 +71,10 @@ def _batches(seed: int, steps: int, micro: int, make_batch):
 def _train(device, make_model, make_optimizer, batches, loss_fn, *, clip=None, make_scheduler=None,
            seed=0, device_seed=None, between_steps=None) -> Run:
     """The loop under test: zero_grad, micro-batches with backward, clip, step, schedule."""
-    torch.manual_seed(seed)  # seeds the CPU generator (model init) and the neuron generators
+    torch.manual_seed(seed)  # seeds the CPU generator (model init, and neuron's random ops) and the devices'
     model = make_model().to(device)
     if device_seed is not None:
-        torch.neuron.manual_seed(device_seed)  # the neuron generator only: same init, other masks
+        torch.neuron.manual_seed(device_seed)  # the device's own seed: no op draws from it
     opt = make_optimizer(model.parameters())
     sched = make_scheduler(opt) if make_scheduler else None
     losses, norms, lrs = [], [], []
@@ -329,28 +329,31 @@ def _dropout_run(seed, device_seed=None, between_steps=None) -> Run:
                   between_steps=between_steps)
 
 
-def test_dropout_same_seed_gives_identical_runs_on_neuron():
+def _dropout_cpu_run(seed, between_steps=None) -> Run:
+    return _train("cpu", lambda: _mlp(dropout=0.5), OPTIMIZERS["adamw_default"],
+                  _batches(6, STEPS, 1, _regression_batch), F.mse_loss, seed=seed, between_steps=between_steps)
+
+
+def test_dropout_on_neuron_draws_cpus_masks_from_one_seed():
+    # Note [Random ops draw from CPU's generator]: torch.manual_seed alone reproduces the CPU
+    # run, masks included, as on TorchNeuron; the device's own seed changes no mask.
     first, second = _dropout_run(seed=7), _dropout_run(seed=7)
     _assert_same_run(first, second)
-    # Same model init, another neuron seed: every step's dropout mask, hence loss, changes.
-    a, b = _dropout_run(seed=7, device_seed=1), _dropout_run(seed=7, device_seed=2)
-    assert all(x != y for x, y in zip(a.losses, b.losses)), "dropout does not draw from the neuron generator"
+    cpu = _dropout_cpu_run(seed=7)
+    assert first.losses == cpu.losses
+    _assert_same_run(_dropout_run(seed=7, device_seed=1), _dropout_run(seed=7, device_seed=2))
+    assert _dropout_run(seed=8).losses != first.losses, "another seed changed no mask: the test compares nothing"
 
 
-def test_cpu_random_calls_between_steps_do_not_change_neuron_dropout():
+def test_cpu_random_calls_between_steps_change_neuron_dropout_as_they_change_cpus():
     def draw_on_cpu():
         torch.randn(100)
         torch.rand(3, generator=None)
 
-    reference = _dropout_run(seed=7)
     disturbed = _dropout_run(seed=7, between_steps=draw_on_cpu)
-    _assert_same_run(reference, disturbed)
-    # The same disturbance does change a CPU loop: the check above can fail.
-    cpu_a = _train("cpu", lambda: _mlp(dropout=0.5), OPTIMIZERS["adamw_default"],
-                   _batches(6, STEPS, 1, _regression_batch), F.mse_loss, seed=7)
-    cpu_b = _train("cpu", lambda: _mlp(dropout=0.5), OPTIMIZERS["adamw_default"],
-                   _batches(6, STEPS, 1, _regression_batch), F.mse_loss, seed=7, between_steps=draw_on_cpu)
-    assert cpu_a.losses != cpu_b.losses
+    cpu_disturbed = _dropout_cpu_run(seed=7, between_steps=draw_on_cpu)
+    assert disturbed.losses == cpu_disturbed.losses
+    assert disturbed.losses != _dropout_run(seed=7).losses, "the disturbance changed nothing: the test compares nothing"
 
 
 def _cnn_over_a_dataloader(mode, workers, pin_memory, epochs=3):

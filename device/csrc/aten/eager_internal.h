@@ -89,11 +89,12 @@ struct DefaultGeneratorLent {
   explicit DefaultGeneratorLent(at::Generator g);
   ~DefaultGeneratorLent();
 };
-// Before an op on the stack (arguments from `first`) runs on the host for device d: its
-// generator argument (index generator_arg, -1 if none) becomes the host generator it draws
-// from; an op without one that draws gets torch's default lent (kept until the kernel returns).
+// Before an op on the stack (arguments from `first`) runs on the host: its generator argument
+// (index generator_arg, -1 if none) becomes the host generator it draws from; a deferred op
+// without one that draws gets torch's default lent the state it was issued with (kept until the
+// kernel returns). Note [Deferred random ops draw at issue].
 std::unique_ptr<DefaultGeneratorLent> lend_generator(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                                                     size_t first, int generator_arg, c10::DeviceIndex d);
+                                                     size_t first, int generator_arg);
 
 // -- dropout.cpp: aten::dropout computes CPU's arithmetic (Note [Dropout takes CPU's path]) --
 void register_cpu_dropout(std::vector<std::unique_ptr<torch::Library>>& libraries);

@@ -369,7 +369,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (call.aliases.empty() && call.target >= 0 && charges_new_results()) {
     check_factory_fits(op, *stack, first, call.target);
   }
-  std::unique_ptr<DefaultGeneratorLent> lent = lend_generator(op, stack, first, generator_arg, d);
+  std::unique_ptr<DefaultGeneratorLent> lent = lend_generator(op, stack, first, generator_arg);
 
   const ConvFlags conv = conv_flags(name, *stack, first);
   const Touch touch = touch_of(name, *stack, first);  // Note [Gathers and scatters] (touched.cpp)

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -54,6 +55,9 @@ struct Entry {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
   bool folded_cast = false;  // Note [On-chip intermediates] (plan_on_chip)
   bool released = false;  // its pending reads were let go (release_pending): once
+  // A random op's copy of torch's default CPU generator at issue (Note [Deferred random ops
+  // draw at issue], aten/generator_lending.cpp): what it draws from when it runs.
+  std::optional<at::Generator> draws_from;
 };
 
 // Note [Streamed launches] (queue.cpp): the host's side of a launch that runs while it is

@@ -383,7 +383,10 @@ void run_entry(Launch& launch, Entry& entry) {
   if (!launch.feed) {
     on_chip.emplace(launch, entry);
   }
-  entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  {
+    const DrawsFrom drawn(entry.draws_from);  // Note [Deferred random ops draw at issue]
+    entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  }
   release_pending(entry);
   size_t spec_index = 0;
   size_t out = 0;  // entry.outputs holds the defined outputs only
@@ -755,7 +758,12 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
   }
   TORCH_CHECK(next == plan->outputs.size(), "adaptive engine bug: unused output specs for ", schema.operator_name());
   // Captured once the outputs are made: making them may raise torch.OutOfMemoryError (they
-  // are charged at issue), and then nothing of the op may be left in the queue's books.
+  // are charged at issue), and then nothing of the op may be left in the queue's books. Its
+  // draws too (they move torch's default generator, which the host reads).
+  if (draws_random_numbers(schema.name(), op.hasTag(at::Tag::nondeterministic_seeded), false) &&
+      !has_explicit_generator(*stack, first)) {  // an explicit one is drawn from when the op runs
+    entry.draws_from = draw_at_issue(op, *stack, first);
+  }
   entry.args.reserve(arguments.size());
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto* alias_info = arguments[i].alias_info();
