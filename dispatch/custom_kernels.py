@@ -117,8 +117,10 @@ def _on_host(fn, overload):
             else:
                 out = fn(*host_args, **host_kwargs)
         if kernels.kernels and info.cost_hook is None:
-            # Note [NKI kernels on neuron]: a body that ran NKI kernels costs their modelled time
-            runtime.launch(index, kernels.us)
+            # Note [NKI kernels on neuron]: a body that ran NKI kernels costs their modelled time,
+            # and the framework's copies of their non-row-major arguments (device/nki/kernel.py)
+            copies_us = sum(runtime.cost.op_us(0, 2 * nbytes, torch.float32) for nbytes in kernels.staged)
+            runtime.launch(index, kernels.us + copies_us)
         else:
             out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
             dtype = next((t.dtype for t in pytree.tree_leaves((host_args, host_kwargs))

@@ -3,8 +3,9 @@
 A call runs the kernel's Python body now, instruction by instruction, as the NKI simulator
 does (so `breakpoint()` inside a kernel stops with real tile values), on host tensors:
 every framework tensor argument becomes an HBM tensor over the same bytes (a kernel that
-writes an input writes the caller's tensor), and the HBM tensors the kernel returns come
-back as tensors of the caller's kind (torch or numpy). `kernel[g]` or `kernel[g0, g1]`
+writes an input writes the caller's tensor), its logical row-major array (Note [Kernel
+arguments are row-major arrays]), and the HBM tensors the kernel returns come back as
+tensors of the caller's kind (torch or numpy). `kernel[g]` or `kernel[g0, g1]`
 launches an SPMD grid (with LNC=2, `kernel[2]`, one program per NeuronCore); programs run
 one after another, each with its own on-chip memory, and the modelled timeline places them
 on the logical device's NeuronCores.
@@ -41,7 +42,7 @@ class measuring:
     on this thread (how a custom op whose body calls kernels is priced)."""
 
     def __enter__(self):
-        self.ns, self.kernels, self.timelines = 0.0, 0, []
+        self.ns, self.kernels, self.timelines, self.staged = 0.0, 0, [], []
         self._saved = getattr(_local, "sink", None)
         _local.sink = self
         return self
@@ -125,7 +126,8 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
     cores = cores or min(programs, logical_cores())
     timeline = Timeline(target, cores)
     launch = Launch(grid, target, timeline, lnc=cores)
-    wrapped: dict[int, tuple[Storage, torch.Tensor, bool]] = {}
+    wrapped: dict[tuple, tuple[Storage, list]] = {}
+    staged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     numpy_mode = [False]
 
     # as the simulator wraps them: nl.hbm for one program, nl.shared_hbm when a grid shares them
@@ -136,7 +138,7 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
             numpy_mode[0] = True
             x = torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(x.copy())
         if isinstance(x, torch.Tensor):
-            return _hbm_tensor(x, wrapped, buffer)
+            return _hbm_tensor(x, wrapped, staged, buffer)
         return x
 
     n_args, n_kwargs = pytree.tree_map(to_nki, (args, kwargs))
@@ -153,11 +155,13 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
     else:  # on threads, one at a time: they may meet at collectives (Note [Lockstep programs])
         run_programs(programs, body)
     result = results[0]
+    timeline.staged = _write_back(staged)
     sink = getattr(_local, "sink", None)
     if sink is not None:
         sink.ns += timeline.total_ns
         sink.kernels += 1
         sink.timelines.append(timeline)
+        sink.staged += timeline.staged
     return _from_nki(result, wrapped, numpy_mode[0]), timeline
 
 
@@ -169,8 +173,21 @@ def _unravel(linear: int, grid: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(ids))
 
 
-def _hbm_tensor(t: torch.Tensor, wrapped: dict, buffer: str) -> NkiTensor:
-    """An HBM NkiTensor over the bytes of a host tensor (no copy)."""
+# Note [Kernel arguments are row-major arrays]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# On the chip a kernel's tensor argument is an HBM array: its logical elements in row-major
+# order from its first element (the framework hands the kernel a contiguous tensor, copying a
+# transposed or permuted one first), and kernels address it so (`.ap()` patterns and offsets,
+# `reshape`, indirect DMA). Wrapping a view's bytes as they lie, a transposed torch tensor or a
+# Fortran-order numpy array read wrong values with no error through `.ap()`, `reshape` raised,
+# and an explicit `.ap(offset=k)` of a slice counted from its storage's start. So an argument
+# is an HBM tensor over exactly its own elements: a contiguous one over its bytes (a kernel
+# that writes it writes the caller's tensor), any other over a row-major copy (staged), written
+# back to the caller's tensor if the kernel wrote it. A framework on neuron prices the copies
+# (dispatch/nki_kernels.py) from the bytes run() reports.
+def _hbm_tensor(t: torch.Tensor, wrapped: dict, staged: list, buffer: str) -> NkiTensor:
+    """An HBM NkiTensor over a host tensor's logical elements (Note [Kernel arguments are
+    row-major arrays])."""
     if t.device.type != "cpu":
         raise TypeError(f"an NKI kernel takes CPU or neuron tensors, got one on {t.device}")
     if t.numel() == 0:
@@ -178,18 +195,32 @@ def _hbm_tensor(t: torch.Tensor, wrapped: dict, buffer: str) -> NkiTensor:
     if t.is_sparse or t.layout != torch.strided:
         raise TypeError("an NKI kernel takes dense tensors")
     dtype = dt.of_torch(t, what="kernel argument")
-    key = (t.untyped_storage().data_ptr(), t.dtype)
+    original = t
+    if not t.is_contiguous():
+        t = t.contiguous()
+        staged.append((original, t, t.clone()))  # the caller's, the kernel's, what it was given
+    key = (t.data_ptr(), t.numel(), t.dtype)  # the same array passed twice is one HBM tensor
     entry = wrapped.get(key)
     if entry is None:
-        n = t.untyped_storage().nbytes() // t.element_size()
-        flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+        flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
         storage = Storage(flat, dtype, buffer, tuple(t.shape) or (1,), name="")
         wrapped[key] = entry = (storage, [])
     storage, originals = entry
-    originals.append(t)
-    shape = tuple(t.shape) or (1,)
-    strides = tuple(t.stride()) or (1,)
-    return NkiTensor(shape, dtype, storage, strides=strides, offset=t.storage_offset())
+    originals.append(original)
+    return NkiTensor(tuple(t.shape) or (1,), dtype, storage)
+
+
+def _write_back(staged: list) -> list[int]:
+    """Copy what the kernel wrote into a staged argument back to the caller's tensor; returns
+    the bytes of each copy the framework makes (each staged argument in, and back if written)."""
+    copies = []
+    for original, kernel_view, given in staged:
+        copies.append(kernel_view.nbytes)
+        # bit for bit (a NaN the kernel left alone is no write)
+        if not torch.equal(kernel_view.view(-1).view(torch.uint8), given.view(-1).view(torch.uint8)):
+            original.copy_(kernel_view)
+            copies.append(kernel_view.nbytes)
+    return copies
 
 
 def _from_nki(result, wrapped: dict, numpy_mode: bool):
@@ -199,8 +230,8 @@ def _from_nki(result, wrapped: dict, numpy_mode: bool):
         if not isinstance(x, NkiTensor):
             return x
         for original in by_storage.get(id(x.storage), ()):
-            if tuple(original.shape or (1,)) == x.shape and tuple(original.stride() or (1,)) == x.strides \
-                    and original.storage_offset() == x.offset:
+            # the whole argument, as it was wrapped: the caller's own tensor
+            if tuple(original.shape or (1,)) == x.shape and x.offset == 0 and x.is_contiguous():
                 return original.numpy() if numpy_mode else original
         if x.on_chip:
             raise NkiValidationError(f"a kernel returns HBM tensors; {x.describe()} is on chip: store it with dma_copy into an "

@@ -186,7 +186,8 @@ class NkiTensor:
             strides, offset = self.storage.physical(self.strides, self.offset, self._scale())
             # as_strided's offset counts from the start of the whole memory, not of `data`
             return data.as_strided(self.shape, strides, data.storage_offset() + offset)
-        return data.as_strided(self.shape, self.strides, self.offset)
+        # (a kernel argument's `data` starts where its tensor does, inside the caller's storage)
+        return data.as_strided(self.shape, self.strides, data.storage_offset() + self.offset)
 
     def _scale(self) -> float:
         """Elements of this view's dtype per element of the storage's."""

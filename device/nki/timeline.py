@@ -62,6 +62,9 @@ class Timeline:
         self._engine_free: dict = defaultdict(float)
         # per storage: {(lo, hi): [last write end, last read end]}
         self._access: dict = defaultdict(dict)
+        # bytes of each copy the framework makes of a kernel's non-row-major arguments (Note
+        # [Kernel arguments are row-major arrays] in kernel.py), set when the kernel has run
+        self.staged: list[int] = []
 
     def issue(self, program, instr: Instr) -> None:
         plan = self._prepare(program, instr)
