@@ -69,6 +69,18 @@ ALL["bool_"] = bool_
 _FROM_TORCH = {d.storage: d for d in ALL.values() if not d.packed and d not in (float8_e4m3, tfloat32)}
 
 
+# torch's CPU gather, scatter and index_put have no kernels for the wide unsigned integers:
+# instructions that move elements by index move their bits as the signed integer of their width.
+_SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    """t, or, for uint16/uint32/uint64, a view of its bits as the signed integer of the same
+    width (for moving elements by index: gather, scatter, index_put)."""
+    signed = _SIGNED_TWIN.get(t.dtype)
+    return t if signed is None else t.view(signed)
+
+
 def as_dtype(dtype, *, what: str = "dtype") -> NkiDType:
     """The NKI dtype named by `dtype`: an NKI dtype, its name, a numpy or a torch dtype."""
     if isinstance(dtype, NkiDType):

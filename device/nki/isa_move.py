@@ -46,6 +46,7 @@ def _dma_cost(src: NkiTensor, dst: NkiTensor, efficiency: float = 1.0) -> costs.
 
 def _addresses(t: NkiTensor, oob, what: str):
     """Element addresses of a view with a runtime offset (and a mask of those in bounds)."""
+    t.check_extent()  # its static part, before the runtime offset moves it
     elements = math.prod(t.storage.shape) if t.on_chip else t.storage.data.numel()
     storage_len = elements * t.storage.dtype.itemsize // t.dtype.itemsize
     index = torch.arange(storage_len, dtype=torch.int64)
@@ -99,8 +100,8 @@ def _scatter(dst: NkiTensor, stored: torch.Tensor, oob, keep=None) -> None:
     addr, dst_keep = _addresses(dst, oob, "dst")
     if keep is not None:
         dst_keep = dst_keep & keep.reshape(dst_keep.shape)
-    flat = _flat(dst)
-    flat[addr[dst_keep]] = stored.reshape(addr.shape)[dst_keep]
+    flat = dt.as_bits(_flat(dst))  # any dtype: its bits move
+    flat[addr[dst_keep]] = dt.as_bits(stored).reshape(addr.shape)[dst_keep]
 
 
 def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error,

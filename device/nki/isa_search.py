@@ -66,8 +66,8 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name=None):
     bad = (idx < 0) | (idx >= data.free_size)
     if bad.any():
         raise NkiValidationError(f"nc_n_gather: index {idx[bad][0].item()} is outside [0, {data.free_size}) of data")
-    values = data.torch_view().reshape(data.partitions, -1)
-    dst.torch_view().copy_(torch.gather(values, 1, idx).reshape(dst.shape))
+    values = dt.as_bits(data.torch_view().reshape(data.partitions, -1))  # any dtype: its bits move
+    dt.as_bits(dst.torch_view()).copy_(torch.gather(values, 1, idx).reshape(dst.shape))
     issue("nc_n_gather", costs.GPSIMD, costs.alu(current().target, costs.GPSIMD, dst.free_size, 2), [data, indices],
           [dst])
 

@@ -91,6 +91,7 @@ def copy_bits(dst: NkiTensor, src: NkiTensor) -> None:
 
 
 def acc_view(t: NkiTensor):
+    t.check_extent()
     s = t.storage
     if s.acc is None or t.dtype.itemsize != s.dtype.itemsize:
         return None

@@ -179,6 +179,7 @@ class NkiTensor:
         if self.dynamic is not None:
             raise NkiValidationError(
                 f"{self.describe()} has a runtime offset: only dma_copy can read or write it (it is resolved per access)")
+        self.check_extent()
         data = self.storage.data
         if self.dtype.storage != self.storage.dtype.storage:
             data = data.view(self.dtype.storage)
@@ -221,10 +222,16 @@ class NkiTensor:
                          name=self.name, dynamic=dynamic if dynamic is not None else self.dynamic)
 
     def _check_bounds(self) -> None:
+        """What a view must be to exist. Where it reaches is checked when it is accessed
+        (check_extent), as the simulator does: a kernel may build a view past a tile's end and
+        use it only where an `if` allows (the NKI library's output_projection_tkg does)."""
         if any(n <= 0 for n in self.shape):
             raise NkiValidationError(f"tensor {self.name!r}: every dimension must be positive, got shape {self.shape}")
         if any(s < 0 for s in self.strides):
             raise NkiValidationError(f"tensor {self.name!r}: strides must be >= 0, got {self.strides}")
+
+    def check_extent(self) -> None:
+        """Raises if the view reaches outside its storage: at every access of its elements."""
         last = self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
         elements = math.prod(self.storage.shape) if self.on_chip else self.storage.data.numel()
         total = elements * self.storage.dtype.itemsize // self.dtype.itemsize

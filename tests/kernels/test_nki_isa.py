@@ -412,6 +412,57 @@ def test_nc_n_gather_gathers_within_each_partition():
         nisa.nc_n_gather(dst=dst, data=filled(x), indices=filled(idx + 20, nl.uint32))
 
 
+@pytest.mark.parametrize("dtype", [nl.uint32, nl.uint16, nl.int32, nl.uint8, nl.bfloat16, nl.float16])
+def test_nc_n_gather_moves_the_bits_of_every_dtype(dtype):
+    # uint16 and uint32 data once raised torch's "scatter_gather_tensor_cpu not implemented"
+    # (issue 38, item 4): elements move by their bits, whatever their dtype
+    x = torch.randint(0, 200, (8, 20), generator=g)
+    idx = torch.randint(0, 20, (8, 7), generator=g)
+    dst = out((8, 7), dtype)
+    nisa.nc_n_gather(dst=dst, data=filled(x, dtype), indices=filled(idx, nl.uint32))
+    assert torch.equal(dst.values(), torch.gather(x, 1, idx).float())
+
+
+def test_dma_copy_scatters_uint32_rows_by_a_vector_offset():
+    data = torch.randint(0, 2**31, (4, 8), generator=g)
+    idx = filled(torch.tensor([[3], [0], [15], [7]]), nl.uint32)
+    target = filled(torch.zeros(16, 8), nl.uint32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=target.ap(pattern=[[8, 4], [1, 8]], vector_offset=idx, indirect_dim=0),
+                  src=filled(data, nl.uint32))
+    expect = torch.zeros(16, 8, dtype=torch.int64)
+    expect[[3, 0, 15, 7]] = data
+    assert torch.equal(target.torch_view().to(torch.int64), expect)
+
+
+def test_a_view_past_a_tiles_end_raises_only_when_it_is_accessed():
+    """The simulator checks accesses, not views (issue 38, item 3): the NKI library's
+    output_projection_tkg builds a view past a tile's end and uses it only where an `if` lets it."""
+    t = filled(rand(128, 64))
+    past = t.ap(pattern=[[64, 128], [1, 64]], offset=32)  # built: no access yet
+    with pytest.raises(nisa.NkiValidationError, match="past the end of its storage"):
+        nisa.tensor_copy(dst=out((128, 64)), src=past)
+    with pytest.raises(nisa.NkiValidationError, match="past the end of its storage"):
+        nisa.tensor_copy(dst=past, src=out((128, 64)))
+
+
+@nki.jit
+def _copy_maybe_past_the_end(x, use_past):
+    R, C = x.shape
+    result = nl.ndarray((R, C), dtype=x.dtype, buffer=nl.shared_hbm)
+    tile = nl.ndarray((R, C), dtype=x.dtype, buffer=nl.sbuf)
+    past = x.ap(pattern=[[C, R], [1, C]], offset=C)  # one row too far, read only if asked
+    nisa.dma_copy(dst=tile, src=past if use_past else x)
+    nisa.dma_copy(dst=result, src=tile)
+    return result
+
+
+def test_a_kernel_may_build_a_view_past_an_arguments_end_that_it_never_reads():
+    x = rand(4, 8)
+    assert torch.equal(_copy_maybe_past_the_end(x, False), x)
+    with pytest.raises(nisa.NkiValidationError, match="past the end of its storage"):
+        _copy_maybe_past_the_end(x, True)
+
+
 def test_nc_stream_shuffle_permutes_partitions_within_each_quadrant():
     x = rand(64, 4)
     mask = list(reversed(range(32)))
