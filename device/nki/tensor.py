@@ -447,10 +447,17 @@ class NkiTensor:
         if scalar_offset is not None or vector_offset is not None:
             if vector_offset is not None and (indirect_dim != 0 or self.on_chip):
                 raise NkiValidationError("ap: vector_offset needs indirect_dim=0 on an HBM tensor")
-            base_shape = self.storage.shape
+            # The runtime offset counts along indirect_dim of the tensor .ap() is called on: for an
+            # HBM tensor, that view (the NKI library's router_topk scatters into
+            # `affinities.reshape((T * E,))` with offsets into all T * E elements); on chip, the
+            # tile as allocated (its partitions).
+            base_shape = self.storage.shape if self.on_chip else self.shape
             if not 0 <= indirect_dim < len(base_shape):
                 raise NkiValidationError(f"ap: indirect_dim {indirect_dim} is out of range for {base_shape}")
-            stride = int(math.prod(base_shape[indirect_dim + 1:]) * scale)
+            if self.on_chip:
+                stride = int(math.prod(base_shape[indirect_dim + 1:]) * scale)
+            else:  # the view's own step along that dim, in elements of the access's dtype
+                stride = int(self.strides[indirect_dim] * self.dtype.itemsize // dtype.itemsize)
             dynamic = Dynamic(scalar=scalar_offset, vector=vector_offset, stride=stride,
                               bound=base_shape[indirect_dim])
         view = NkiTensor([n for _, n in pattern], dtype, self.storage, strides=[s for s, _ in pattern], offset=base,

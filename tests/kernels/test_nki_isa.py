@@ -434,6 +434,34 @@ def test_dma_copy_scatters_uint32_rows_by_a_vector_offset():
     assert torch.equal(target.torch_view().to(torch.int64), expect)
 
 
+@nki.jit
+def _scatter_into_flattened(table, flat_index, values):
+    """The NKI library's router_topk scatter (use_indirect_dma_scatter): one value per token into
+    a (T, E) table, at offsets into its T * E elements, through the table's 1-D reshape."""
+    T, E = table.shape
+    idx = nl.ndarray((T, 1), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=flat_index)
+    vals = nl.ndarray((T, 1), dtype=table.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=vals, src=values)
+    flat = table.reshape((T * E,))
+    nisa.dma_copy(dst=flat.ap([[1, T], [1, 1]], offset=0, vector_offset=idx, indirect_dim=0), src=vals)
+    return table
+
+
+def test_a_vector_offset_counts_along_the_dim_of_the_view_it_is_given():
+    """issue 38, item 2: the runtime offsets index the reshaped (T * E,) view, not the (T, E)
+    tensor it was made from (router_topk's 'runtime index 55 is out of bounds [0, 8)')."""
+    T, E = 8, 8
+    experts = torch.tensor([3, 0, 7, 5, 1, 6, 2, 4])
+    flat_index = (torch.arange(T) * E + experts).reshape(T, 1)  # up to 61, past T
+    values = torch.arange(1.0, T + 1).reshape(T, 1)
+    table = torch.zeros(T, E)
+    _scatter_into_flattened(table, flat_index.to(torch.int32), values)
+    expect = torch.zeros(T, E)
+    expect[torch.arange(T), experts] = values.reshape(-1)
+    assert torch.equal(table, expect)
+
+
 def test_a_view_past_a_tiles_end_raises_only_when_it_is_accessed():
     """The simulator checks accesses, not views (issue 38, item 3): the NKI library's
     output_projection_tkg builds a view past a tile's end and uses it only where an `if` lets it."""
