@@ -24,6 +24,7 @@ OpOverload in classify.py), so other ops pay one attribute test for it.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
@@ -42,7 +43,7 @@ CostFn = Callable[..., dict]
 
 def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: CostFn | None = None,
                   schema: str | None = None, fake: Callable | bool = False, random: bool = False,
-                  draws: Callable | None = None):
+                  draws: Callable | None = None, neuron_made_on_host: bool = False):
     """Decorator: register `fn` (computing on host tensors) as the custom op `name`
     ("namespace::op") that runs on neuron as one launch, priced by `cost`.
 
@@ -58,7 +59,8 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
     non-tensor values (their bytes may not exist yet); then the adaptive engine defers it as
     any op, making its draws at issue (Note [Deferred random ops draw at issue]). Returns the
     `torch.library.custom_op` object: `.register_autograd`, `.register_fake` and calling it
-    work as for any custom op.
+    work as for any custom op. `neuron_made_on_host=True` (nki_op's) makes a tensor the body
+    creates on neuron on the host instead, beside its arguments (_NeuronMadeOnHost).
     """
     if draws is not None and not random:
         raise TypeError(f"custom kernel {name}: `draws` describes a random kernel's draws; pass random=True with it")
@@ -70,7 +72,7 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
     def register(fn):
         op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema, tags=tags)
         # "privateuseone", not "neuron": our own kernels are defined before the rename.
-        op.register_kernel("privateuseone", _on_host(fn, op._opoverload))
+        op.register_kernel("privateuseone", _on_host(fn, op._opoverload, neuron_made_on_host))
         if cost is not None:
             set_cost(op, cost)
         if fake:
@@ -82,7 +84,7 @@ def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = (), cost: Co
     return register
 
 
-def _on_host(fn, overload):
+def _on_host(fn, overload, neuron_made_on_host: bool = False):
     """Note [Custom kernels run whole]: neuron tensors run every op in C++, where a
     Python kernel's body would be many launches on device tensors. This kernel runs the body
     once, on host aliases of the device's bytes, adopts its results (zero-copy, charged to
@@ -107,7 +109,8 @@ def _on_host(fn, overload):
         runtime = CONTEXT.runtime
         index = runtime.current_index if device[0] < 0 else device[0]
         info = classify(overload)
-        with measuring() as kernels:
+        # (a Python mode costs every torch call of the body: only where asked for)
+        with measuring() as kernels, _NeuronMadeOnHost() if neuron_made_on_host else contextlib.nullcontext():
             # A random body draws from torch's default generator: at issue, or, deferred, from
             # the copy it was given at issue (Note [Deferred random ops draw at issue]).
             issued = native.drawing_from() if info.is_random else None
@@ -130,6 +133,25 @@ def _on_host(fn, overload):
 
     kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"
     return kernel
+
+
+class _NeuronMadeOnHost(torch.overrides.TorchFunctionMode):
+    """While a body runs on host tensors, a tensor it makes on neuron (`torch.empty(...,
+    device="neuron")`, `x.to("neuron")`: TorchNeuron's nki_op pattern for an output) is made on
+    the host beside them, and adopted with the body's other results."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(_names_neuron(a) for a in args) or any(_names_neuron(v) for v in kwargs.values()):
+            args = tuple("cpu" if _names_neuron(a) else a for a in args)
+            kwargs = {k: "cpu" if _names_neuron(v) else v for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def _names_neuron(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "neuron"
+    return isinstance(value, str) and (value == "neuron" or value.startswith("neuron:"))
 
 
 def set_cost(op, cost: CostFn) -> None:

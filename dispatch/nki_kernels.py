@@ -121,9 +121,11 @@ def nki_op(name: str, *, mutates_args: Iterable[str] | str = (), schema: str | N
     tensor arguments, becomes the custom op `name` ("namespace::op"). On neuron it is one op
     of a fused trace, one launch in eager mode, priced by its kernels' modelled time; under
     torch.compile it is one node (its shapes from running the kernels on zeros, `fake=True`,
-    or the shape function given as `fake`). Returns the custom op: `.register_autograd`
-    makes it trainable."""
-    return custom_kernel(name, mutates_args=mutates_args, schema=schema, fake=fake)
+    or the shape function given as `fake`). The body runs on host tensors: an output it
+    allocates on neuron (`torch.empty(..., device="neuron")`, TorchNeuron's pattern) is made on
+    the host beside them and adopted. Returns the custom op: `.register_autograd` makes it
+    trainable."""
+    return custom_kernel(name, mutates_args=mutates_args, schema=schema, fake=fake, neuron_made_on_host=True)
 
 
 device_nki.set_device_runner(run_on_device)

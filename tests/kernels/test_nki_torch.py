@@ -198,6 +198,44 @@ def test_an_nki_op_is_one_node_under_torch_compile_and_runs_on_neuron(eager):
         torch._dynamo.reset()
 
 
+@adaptive_eager.nki_op("nki_test::silu_alloc_on_neuron", mutates_args=())
+def nki_silu_alloc_on_neuron(x: Tensor) -> Tensor:
+    # TorchNeuron's documented pattern: the output allocated on the device by name
+    out = torch.empty(x.shape, dtype=x.dtype, device="neuron")
+    silu_kernel(x, out)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_an_nki_op_that_allocates_its_output_on_neuron_runs_as_one_launch(mode):
+    """issue 38, item 7: the body runs on host tensors, so its `device="neuron"` output was a
+    device tensor beside host ones, and the kernel refused the mix."""
+    x = torch.randn(130, 16)
+    expect = torch.nn.functional.silu(x)
+    with adaptive_eager.mode(mode):
+        xn = x.to("neuron")
+        per_call = []
+        for _ in range(6):
+            before = adaptive_eager.stats().launches
+            got = nki_silu_alloc_on_neuron(xn) * 2
+            torch.neuron.synchronize()
+            per_call.append(adaptive_eager.stats().launches - before)
+    assert got.device.type == "neuron"
+    assert torch.allclose(got.cpu(), expect * 2, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got.cpu(), (nki_silu(xn) * 2).cpu())  # the empty_like pattern's bits
+    assert per_call[-1] == (1 if mode == "adaptive" else 2), per_call
+
+
+def test_an_nki_op_that_allocates_its_output_on_neuron_compiles(eager):
+    x = torch.randn(130, 16)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(lambda t: nki_silu_alloc_on_neuron(t) + 1, backend="neuron")(x.to("neuron"))
+        assert torch.equal(got.cpu(), (nki_silu(x.to("neuron")) + 1).cpu())
+    finally:
+        torch._dynamo.reset()
+
+
 PDB_SCRIPT = textwrap.dedent('''
     import torch
     import adaptive_eager.nki as nki
