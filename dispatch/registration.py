@@ -11,7 +11,7 @@ import adaptive_eager.device as neuron_device
 from adaptive_eager.device import native, settings
 from adaptive_eager.device.torch_module import build_module
 
-from . import attention, autocast, builtin_kernels, cuda_dtypes, distributed, refusal, sharing
+from . import attention, autocast, builtin_kernels, cuda_dtypes, distributed, refusal, sharing, sync_batch_norm
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 
@@ -69,6 +69,8 @@ def register() -> None:
         builtin_kernels.register(lib)
         # histc of integers computes CUDA's result: Note [The eager path's kernel, kept] in cuda_dtypes.py.
         cuda_dtypes.register(lib)
+        # SyncBatchNorm's kernels, which CPU lacks, compute CUDA's: sync_batch_norm.py.
+        sync_batch_norm.register(lib)
         autocast.register(lib)
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()

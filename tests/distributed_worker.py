@@ -299,6 +299,46 @@ def ddp_options_needing_pinned_memory(rank: int) -> dict:
     return out
 
 
+def sync_batch_norm(rank: int, world: int) -> dict:
+    """nn.SyncBatchNorm training on neuron, each rank a quarter-batch shard, against one CPU
+    BatchNorm2d on the whole batch: outputs, input and parameter gradients, running stats (max
+    absolute differences), in each mode. Its five CUDA-only kernels: dispatch/sync_batch_norm.py."""
+    out = {}
+    g = torch.Generator().manual_seed(0)
+    x, gy = torch.randn(4 * world, 3, 5, 5, generator=g), torch.randn(4 * world, 3, 5, 5, generator=g)
+    mine = slice(4 * rank, 4 * (rank + 1))
+    ref = nn.BatchNorm2d(3)
+    xr = x.clone().requires_grad_()
+    yr = ref(xr)
+    yr.backward(gy)
+    for mode in ("eager", "adaptive"):
+        def step():
+            bn = nn.SyncBatchNorm(3).to("neuron")
+            xs = x[mine].to("neuron").requires_grad_()
+            y = bn(xs)
+            y.backward(gy[mine].to("neuron"))
+            return bn, xs, y
+
+        with adaptive_eager.mode(mode):
+            result = _attempt(step)
+            if isinstance(result, str):  # it raised: "Type: message"
+                out[f"sync_bn_{mode}"] = result
+                continue
+            bn, xs, y = result
+            grads = torch.cat([bn.weight.grad, bn.bias.grad])
+            dist.all_reduce(grads)  # each rank's parameter gradient is its shard's (DDP sums them)
+            diffs = {
+                "forward": (y.cpu() - yr[mine].detach()).abs().max().item(),
+                "input_grad": (xs.grad.cpu() - xr.grad[mine]).abs().max().item(),
+                "param_grad": (grads.cpu() - torch.cat([ref.weight.grad, ref.bias.grad])).abs().max().item(),
+                "running_mean": (bn.running_mean.cpu() - ref.running_mean).abs().max().item(),
+                "running_var": (bn.running_var.cpu() - ref.running_var).abs().max().item(),
+                "device": str(y.device),
+            }
+            out[f"sync_bn_{mode}"] = diffs
+    return out
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     if "--default-init" in sys.argv:
@@ -313,6 +353,7 @@ def main() -> None:
         result.update(collectives_in_the_adaptive_engine(rank))
         result.update(ddp(rank, world))
         result.update(ddp_steady_state(rank))
+        result.update(sync_batch_norm(rank, world))
         result["ddp_options_needing_pinned_memory"] = ddp_options_needing_pinned_memory(rank)
     dist.barrier()
     dist.destroy_process_group()

@@ -227,3 +227,17 @@ def test_ddp_demo_prints_each_ranks_loss_and_launches_per_step(runs):
         assert launches[-1] < launches[0], f"rank {rank}: no fewer launches once the step repeats: {launches}"
     assert "backend 'neuron'" in out
     assert out.count("parameters identical to rank 0's: True") == 2, out
+
+
+# -- SyncBatchNorm (its CUDA-only kernels: dispatch/sync_batch_norm.py) ------------------------------
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_sync_batch_norm_trains_across_ranks_as_one_batch_norm_over_the_whole_batch(runs, mode):
+    """Each rank normalizes its shard with the statistics of every rank's: outputs, gradients and
+    running statistics are those of one BatchNorm2d over the whole batch (to float32 rounding:
+    SyncBatchNorm merges per-rank statistics, as on CUDA, where BatchNorm reduces at once). It
+    raised 'aten::batch_norm_stats has no CPU kernel' before."""
+    for r in runs["neuron"]:
+        diffs = r[f"sync_bn_{mode}"]
+        assert isinstance(diffs, dict), diffs
+        assert diffs.pop("device") == "neuron:0"
+        assert all(v < 2e-5 for v in diffs.values()), diffs
