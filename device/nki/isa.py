@@ -82,7 +82,7 @@ def _writable_register(r) -> None:
 
 
 # The instructions, by kind, under nki.isa as the kernels name them.
-from .isa_alu import (activation, activation_reduce, affine_select, bn_aggr, bn_stats, iota,  # noqa: E402,F401
+from .isa_alu import (activate2, activation, activation_reduce, affine_select, bn_aggr, bn_stats, iota,  # noqa: E402,F401
                       range_select, reciprocal, scalar_tensor_tensor, tensor_reduce, tensor_scalar,
                       tensor_scalar_reduce, tensor_tensor)
 from .isa_lnc import core_barrier, sendrecv  # noqa: E402,F401

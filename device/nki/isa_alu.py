@@ -10,6 +10,7 @@ from . import costs
 from . import dtypes as dt
 from . import operands as _op
 from . import ops
+from . import constants
 from .constants import engine, reduce_cmd
 from .errors import NkiValidationError
 from .program import current
@@ -108,6 +109,66 @@ def activation_reduce(dst: NkiTensor, op, data: NkiTensor, reduce_op, reduce_res
                       name=None):
     out = _activate("activation_reduce", dst, op, data, bias, scale, reduce_res)
     _op.accumulate(current(), "scalar_acc", "activation_reduce", out, reduce_op, reduce_cmd.reset_reduce, reduce_res)
+
+
+# activate2's tensor-scalar stage: the (op0, op1) pairs the NKI docs list (None is nl.bypass)
+_ACTIVATE2_STAGES = {("multiply", "add"), ("multiply", "subtract"), ("multiply", None), ("add", None),
+                     ("subtract", None), (None, None)}
+
+
+def activate2(dst: NkiTensor, op, data: NkiTensor, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False,
+              reverse1=False, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle, engine=engine.scalar,
+              name=None):
+    """NeuronCore-v4's activation: (data op0 imm0) op1 imm1 in float32, then the activation
+    function `op` (prelu's negative slope is relu_param), then the Scalar Engine's optional
+    accumulation, as nki.isa.activation's."""
+    instr = "activate2"
+    if current().target.version < 4:
+        raise NkiValidationError(f"{instr} is available only on NeuronCore-v4 and newer (trn3); the target is "
+                                 f"{current().target.name}: use nisa.activation with scale and bias")
+    # (the argument shadows the enum) the Scalar Engine, or on NeuronCore-v4 the GpSIMD Engine
+    # without the accumulation (Neuron SDK 2.33's signature)
+    if engine in (constants.engine.scalar, constants.engine.unknown):
+        eng = costs.SCALAR
+    elif engine == constants.engine.gpsimd:
+        eng = costs.GPSIMD
+        if reduce_res is not None or reduce_cmd != constants.reduce_cmd.idle:
+            raise NkiValidationError(f"{instr}: the accumulation (reduce_res, reduce_cmd) is the Scalar Engine's only")
+    else:
+        raise NkiValidationError(f"{instr} runs on the Scalar or the GpSIMD Engine, got engine={engine!r}")
+    names = tuple(None if o is None else ops.as_operator(o, instr=instr, what=w).name
+                  for o, w in ((op0, "op0"), (op1, "op1")))
+    if names not in _ACTIVATE2_STAGES:
+        raise NkiValidationError(f"{instr}: (op0, op1) = {names} is not a tensor-scalar stage it has; it takes "
+                                 f"(multiply, add), (multiply, subtract), (multiply, bypass), (add, bypass), "
+                                 f"(subtract, bypass) or (bypass, bypass)")
+    if (reverse0 and op0 is None) or (reverse1 and op1 is None):
+        raise NkiValidationError(f"{instr}: reverse0 needs op0 and reverse1 needs op1 (not nl.bypass)")
+    if isinstance(imm0, NkiTensor) and isinstance(imm1, NkiTensor) and imm0.dtype != imm1.dtype:
+        raise NkiValidationError(f"{instr}: imm0 and imm1 must have one dtype, got {imm0.dtype} and {imm1.dtype}")
+    _op.tile(instr, "dst", dst)
+    _op.tile(instr, "data", data)
+    _op.same_layout(instr, "data", data, "dst", dst)
+    act = ops.as_operator(op, instr=instr)
+    if not act.activation:
+        raise NkiValidationError(f"{instr}: {act!r} is not an activation function of the Scalar Engine "
+                                 f"(see the NKI docs' 'Supported Activation Functions')")
+    p = data.partitions
+    _op.close_psum(data)
+    x = _op.read_f32(data)
+    for operator, imm, reverse, what in ((op0, imm0, reverse0, "imm0"), (op1, imm1, reverse1, "imm1")):
+        if operator is not None:
+            x = _op.alu(ops.as_operator(operator, instr=instr), x, _op.column(instr, what, imm, p), reverse=reverse)
+    if act is ops.prelu:
+        out = torch.where(x >= 0, x, x * _op.column(instr, "relu_param", relu_param, p))
+    else:
+        out = act.fn(x)
+    _op.write(dst, out)
+    extra = costs.ACC_READ_CYCLES if reduce_res is not None else 0
+    _op.issue(instr, eng, costs.alu(current().target, eng, data.free_size, extra_cycles=extra),
+              [data, imm0, imm1, relu_param], [dst] + ([reduce_res] if reduce_res is not None else []))
+    if eng == costs.SCALAR:
+        _op.accumulate(current(), "scalar_acc", instr, out, reduce_op, reduce_cmd, reduce_res)
 
 
 def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:

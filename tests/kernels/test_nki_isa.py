@@ -585,3 +585,55 @@ def test_dma_compute_adds_sources_and_scatter_adds_through_a_vector_offset():
     assert torch.equal(hbm.values(), expect)
     with pytest.raises(nisa.NkiValidationError, match="only reduce_op=nl.add"):
         nisa.dma_compute(dst=dst, srcs=[filled(a)], reduce_op=nl.maximum)
+
+
+@nki.jit
+def _activate2_cases(x, scale):
+    P, F = x.shape
+    t, sc = nl.load(x), nl.load(scale)
+    results = []
+    dst, acc = nl.ndarray((P, F), nl.float32, nl.sbuf), nl.ndarray((P, 1), nl.float32, nl.sbuf)
+    nisa.activate2(dst=dst, op=nl.tanh, data=t, imm0=sc, imm1=0.25, op0=nl.multiply, op1=nl.subtract,
+                   reduce_op=nl.add, reduce_res=acc, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    results += [dst, acc]
+    rev = nl.ndarray((P, F), nl.float32, nl.sbuf)  # imm0 - data
+    nisa.activate2(dst=rev, op=nl.copy, data=t, imm0=3.0, imm1=None, op0=nl.subtract, op1=nl.bypass, reverse0=True)
+    leaky = nl.ndarray((P, F), nl.float32, nl.sbuf)
+    nisa.activate2(dst=leaky, op=nl.prelu, data=t, imm0=None, imm1=None, op0=nl.bypass, op1=nl.bypass,
+                   relu_param=0.1)
+    on_gpsimd = nl.ndarray((P, F), nl.float32, nl.sbuf)
+    nisa.activate2(dst=on_gpsimd, op=nl.exp, data=t, imm0=0.5, imm1=None, op0=nl.multiply, op1=nl.bypass,
+                   engine=nisa.engine.gpsimd)
+    outs = []
+    for r in results + [rev, leaky, on_gpsimd]:
+        o = nl.ndarray(r.shape, nl.float32, nl.shared_hbm)
+        nl.store(o, r)
+        outs.append(o)
+    return tuple(outs)
+
+
+@nki.jit
+def _activate2_bad(x, op0, op1, reverse1):
+    t = nl.load(x)
+    nisa.activate2(dst=nl.ndarray(x.shape, nl.float32, nl.sbuf), op=nl.exp, data=t, imm0=1.0, imm1=1.0, op0=op0,
+                   op1=op1, reverse1=reverse1)
+    return x
+
+
+def test_activate2_is_a_trn3_instruction_with_a_tensor_scalar_stage(monkeypatch):
+    """issue 38, item 5: (data op0 imm0) op1 imm1, then the activation, then the accumulation."""
+    x, scale = rand(4, 8), torch.tensor([[1.0], [2.0], [0.5], [-1.0]])
+    with pytest.raises(nisa.NkiValidationError, match="NeuronCore-v4"):
+        _activate2_cases(x, scale)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    dst, acc, rev, leaky, on_gpsimd = _activate2_cases(x, scale)
+    expect = torch.tanh(x * scale - 0.25)
+    torch.testing.assert_close(dst, expect)
+    torch.testing.assert_close(acc, expect.sum(1, keepdim=True))
+    assert torch.equal(rev, 3.0 - x)
+    assert torch.equal(leaky, torch.where(x >= 0, x, x * torch.tensor(0.1)))
+    torch.testing.assert_close(on_gpsimd, torch.exp(x * 0.5))
+    with pytest.raises(nisa.NkiValidationError, match=r"\('add', 'add'\) is not a tensor-scalar stage"):
+        _activate2_bad(x, nl.add, nl.add, False)
+    with pytest.raises(nisa.NkiValidationError, match="reverse1 needs op1"):
+        _activate2_bad(x, nl.add, nl.bypass, True)
