@@ -86,6 +86,7 @@ from .isa_alu import (activate2, activation, activation_reduce, affine_select, b
                       range_select, reciprocal, scalar_tensor_tensor, tensor_reduce, tensor_scalar,
                       tensor_scalar_reduce, tensor_tensor)
 from .isa_lnc import core_barrier, sendrecv  # noqa: E402,F401
+from .isa_rng import rand2, rand_get_state, rand_set_state  # noqa: E402,F401
 from .isa_move import (assign, dma_compute, dma_copy, dma_transpose, memset, tensor_copy,  # noqa: E402,F401
                        tensor_copy_predicated)
 from .isa_scan import (exponential, select_reduce, tensor_partition_reduce, tensor_scalar_cumulative,  # noqa: E402,F401

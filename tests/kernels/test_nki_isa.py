@@ -637,3 +637,58 @@ def test_activate2_is_a_trn3_instruction_with_a_tensor_scalar_stage(monkeypatch)
         _activate2_bad(x, nl.add, nl.add, False)
     with pytest.raises(nisa.NkiValidationError, match="reverse1 needs op1"):
         _activate2_bad(x, nl.add, nl.bypass, True)
+
+
+@nki.jit
+def _rng_round_trip(seeds):
+    """Seed the Vector Engine, draw, read the state, draw again, reseed, draw: (a, b, state, c)."""
+    s = nl.ndarray(seeds.shape, nl.uint32, nl.sbuf)
+    nisa.dma_copy(dst=s, src=seeds)
+    nisa.rand_set_state(src_seeds=s, engine=nisa.engine.vector)
+    a = nl.ndarray((4, 16), nl.float32, nl.sbuf)
+    nisa.rand2(dst=a, min=-1.0, max=3.0)
+    state = nl.ndarray((4, 24), nl.uint32, nl.sbuf)
+    nisa.rand_get_state(dst=state, engine=nisa.engine.vector)
+    b = nl.ndarray((4, 16), nl.float32, nl.sbuf)
+    nisa.rand2(dst=b, min=-1.0, max=3.0)
+    nisa.rand_set_state(src_seeds=s, engine=nisa.engine.vector)
+    c = nl.ndarray((4, 16), nl.float32, nl.sbuf)
+    nisa.rand2(dst=c, min=-1.0, max=3.0)
+    outs = []
+    for t in (a, b, state, c):
+        o = nl.ndarray(t.shape, t.dtype, nl.shared_hbm)
+        nl.store(o, t)
+        outs.append(o)
+    return tuple(outs)
+
+
+def test_rand2_draws_uniform_values_reproducibly_from_the_vector_engines_state(monkeypatch):
+    """issue 38, item 5: rand_set_state / rand_get_state / rand2 (XORWOW per lane)."""
+    seeds = torch.randint(1, 2**32, (4, 24), generator=g).to(torch.uint32)
+    with pytest.raises(nisa.NkiValidationError, match="NeuronCore-v4|GpSimd Engine"):
+        _rng_round_trip(seeds)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    a, b, state, c = _rng_round_trip(seeds)
+    assert torch.equal(a, c)  # the same seeds, the same numbers
+    assert not torch.equal(a, b)  # the state moved on
+    assert bool(((a >= -1.0) & (a <= 3.0)).all()) and a.std() > 0.5
+    assert not torch.equal(state.to(torch.int64), seeds.to(torch.int64))  # read after the first draws
+    assert len(set(a.reshape(-1).tolist())) == a.numel()  # lanes and elements differ
+
+
+def test_rng_state_holds_six_words_per_lane_on_gpsimd_and_refuses_other_sizes():
+    @nki.jit
+    def round_trip(seeds):
+        s = nl.ndarray(seeds.shape, nl.uint32, nl.sbuf)
+        nisa.dma_copy(dst=s, src=seeds)
+        nisa.rand_set_state(src_seeds=s, engine=nisa.engine.gpsimd)
+        back = nl.ndarray(seeds.shape, nl.uint32, nl.sbuf)
+        nisa.rand_get_state(dst=back, engine=nisa.engine.gpsimd)
+        out = nl.ndarray(seeds.shape, nl.uint32, nl.shared_hbm)
+        nl.store(out, back)
+        return out
+
+    seeds = torch.randint(1, 2**32, (8, 6), generator=g).to(torch.uint32)  # every bit of every word
+    assert torch.equal(round_trip(seeds).to(torch.int64), seeds.to(torch.int64))
+    with pytest.raises(nisa.NkiValidationError, match="6 XORWOW words per lane on the GpSimd Engine, got 24"):
+        round_trip(torch.randint(1, 2**32, (8, 24), generator=g).to(torch.uint32))
