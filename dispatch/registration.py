@@ -11,7 +11,8 @@ import adaptive_eager.device as neuron_device
 from adaptive_eager.device import native, settings
 from adaptive_eager.device.torch_module import build_module
 
-from . import attention, autocast, builtin_kernels, cuda_dtypes, distributed, refusal, sharing, sync_batch_norm
+from . import (attention, autocast, builtin_kernels, cuda_dtypes, distributed, linear_backward, refusal, sharing,
+               sync_batch_norm)
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 
@@ -71,6 +72,8 @@ def register() -> None:
         cuda_dtypes.register(lib)
         # SyncBatchNorm's kernels, which CPU lacks, compute CUDA's: sync_batch_norm.py.
         sync_batch_norm.register(lib)
+        # aten::linear_backward, which TorchNeuron registers and CPU lacks: linear_backward.py.
+        linear_backward.register(lib)
         autocast.register(lib)
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()
