@@ -187,8 +187,9 @@ at::Generator host_generator(const at::Generator& g);
 // numbers on neuron, whose kernels are CPU's (Note [Seeded ops that never draw]).
 bool draws_random_numbers(const std::string& name, bool nondeterministic_seeded, bool has_generator_argument);
 // Note [Deferred random ops draw at issue]: whether the op (ns::op, overload) may be deferred,
-// its draws made at issue on scratch tensors of its arguments' geometry (the numbers it draws
-// do not depend on its arguments' values); other random ops run at issue.
+// its draws made at issue: on scratch tensors of its arguments' geometry (how many numbers it
+// draws depends on that geometry alone), or by the draws function its custom kernel gave;
+// other random ops run at issue.
 bool draws_at_issue(const std::string& name, const std::string& overload);
 // For a deferred random op (stack holds its arguments from `first`): a copy of torch's default
 // CPU generator as it is now, for the op to draw from when it runs, after moving the default on
