@@ -146,13 +146,7 @@ def activate2(dst: NkiTensor, op, data: NkiTensor, imm0, imm1, op0, op1, relu_pa
         raise NkiValidationError(f"{instr}: reverse0 needs op0 and reverse1 needs op1 (not nl.bypass)")
     if isinstance(imm0, NkiTensor) and isinstance(imm1, NkiTensor) and imm0.dtype != imm1.dtype:
         raise NkiValidationError(f"{instr}: imm0 and imm1 must have one dtype, got {imm0.dtype} and {imm1.dtype}")
-    _op.tile(instr, "dst", dst)
-    _op.tile(instr, "data", data)
-    _op.same_layout(instr, "data", data, "dst", dst)
-    act = ops.as_operator(op, instr=instr)
-    if not act.activation:
-        raise NkiValidationError(f"{instr}: {act!r} is not an activation function of the Scalar Engine "
-                                 f"(see the NKI docs' 'Supported Activation Functions')")
+    act = _activation_function(instr, dst, op, data)
     p = data.partitions
     _op.close_psum(data)
     x = _op.read_f32(data)
@@ -171,7 +165,8 @@ def activate2(dst: NkiTensor, op, data: NkiTensor, imm0, imm1, op0, op1, relu_pa
         _op.accumulate(current(), "scalar_acc", instr, out, reduce_op, reduce_cmd, reduce_res)
 
 
-def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
+def _activation_function(instr: str, dst, op, data) -> ops.Operator:
+    """The activation an instruction applies, its tiles checked as every activation checks them."""
     _op.tile(instr, "dst", dst)
     _op.tile(instr, "data", data)
     _op.same_layout(instr, "data", data, "dst", dst)
@@ -179,6 +174,11 @@ def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
     if not op.activation:
         raise NkiValidationError(f"{instr}: {op!r} is not an activation function of the Scalar Engine "
                                  f"(see the NKI docs' 'Supported Activation Functions')")
+    return op
+
+
+def _activate(instr: str, dst, op, data, bias, scale, read_out) -> torch.Tensor:
+    op = _activation_function(instr, dst, op, data)
     p = data.partitions
     if isinstance(scale, NkiTensor) and scale.dtype != dt.float32:
         raise NkiValidationError(f"{instr} scale must be float32, got {scale.dtype}")

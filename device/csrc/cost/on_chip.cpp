@@ -7,9 +7,10 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_set>
 #include <string>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 namespace neuron {
 namespace {
@@ -85,18 +86,19 @@ void plan_on_chip(Launch& launch) {
   };
   // Note [Ops TorchNeuron runs on the host]: what such an op reads goes to the host from HBM.
   std::unordered_set<const c10::StorageImpl*> to_host;
+  std::vector<bool> host_run(n);  // asked once per entry: a name lookup
   for (size_t i = 0; i < n; ++i) {
-    const bool host_run = torchneuron_runs_on_host(launch.entries[i].op.operator_name());
+    host_run[i] = torchneuron_runs_on_host(launch.entries[i].op.operator_name());
     for (const PendingArg& p : launch.entries[i].pending) {
       read_at(p.key, i);
-      if (host_run) {
+      if (host_run[i]) {
         to_host.insert(p.key);
       }
     }
     for (const ExistingArg& e : launch.entries[i].existing) {
       if (!e.defines) {
         read_at(e.key, i);
-        if (host_run) {
+        if (host_run[i]) {
           to_host.insert(e.key);
         }
       }
@@ -138,7 +140,7 @@ void plan_on_chip(Launch& launch) {
     const Entry& entry = launch.entries[i];
     // Note [Ops TorchNeuron runs on the host]: its results come from the host into HBM, and
     // are read from there.
-    if (!torchneuron_runs_on_host(entry.op.operator_name())) {
+    if (!host_run[i]) {
       size_t k = 0;
       for (const OutputSpec& spec : entry.plan->outputs) {
         if (spec.defined) {
