@@ -11,8 +11,8 @@ import adaptive_eager.device as neuron_device
 from adaptive_eager.device import native, settings
 from adaptive_eager.device.torch_module import build_module
 
-from . import (attention, autocast, builtin_kernels, cuda_dtypes, distributed, linear_backward, refusal, sharing,
-               sync_batch_norm)
+from . import (attention, autocast, builtin_kernels, cuda_dtypes, distributed, flash_attention, linear_backward,
+               refusal, sharing, sync_batch_norm)
 from .context import CONTEXT, install_executor
 from .executor import EagerExecutor
 
@@ -74,6 +74,8 @@ def register() -> None:
         sync_batch_norm.register(lib)
         # aten::linear_backward, which TorchNeuron registers and CPU lacks: linear_backward.py.
         linear_backward.register(lib)
+        # flash-attn's ops (varlen attention), which CPU lacks, run CPU's flash kernel per sequence.
+        flash_attention.register(lib)
         autocast.register(lib)
         # `import torch` has already imported torch.distributed: this costs microseconds.
         distributed.install()

@@ -65,3 +65,129 @@ def test_sync_batch_norms_kernels_over_two_shards_give_one_batch_norm_over_the_w
                       (rm, running[0]), (rv, running[1])):
         assert got.device.type == "neuron"
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def _per_sequence_sdpa(q, k, v, offsets_q, offsets_k, mask_of):
+    """The reference varlen attention must equal: CPU's SDPA on each sequence alone, (total,
+    heads, dim) sliced and laid out as SDPA's (1, heads, seqlen, dim)."""
+    outs = []
+    for (a, b), (c, d) in zip(zip(offsets_q, offsets_q[1:]), zip(offsets_k, offsets_k[1:])):
+        qs, ks, vs = (t[s:e].transpose(0, 1).unsqueeze(0) for t, s, e in ((q, a, b), (k, c, d), (v, c, d)))
+        mask = mask_of(b - a, d - c)
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True).squeeze(0).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _bottom_right_window(left, right):
+    """flash-attn's window: query i sees key j when i + sk - sq - left <= j <= i + sk - sq + right."""
+    def mask_of(sq, sk):
+        if left < 0 and right < 0:
+            return None
+        i = torch.arange(sq)[:, None] + sk - sq
+        j = torch.arange(sk)[None]
+        return ((j >= i - left) if left >= 0 else torch.ones(sq, sk, dtype=torch.bool)) & \
+            ((j <= i + right) if right >= 0 else torch.ones(sq, sk, dtype=torch.bool))
+    return mask_of
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (2, 0), (1, 1)])
+def test_varlen_attention_gives_cpu_sdpa_on_each_sequence_forward_and_backward(window, mode):
+    """torch.nn.attention.varlen.varlen_attn (torchtitan's packed-document attention) calls
+    aten::_flash_attention_forward/_backward, which have no CPU kernel: on neuron it raised
+    "has no CPU kernel". Now each sequence gets the bits of CPU's SDPA on it alone, with
+    grouped-query heads, causal and sliding windows, output and all three gradients."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    g = torch.Generator().manual_seed(0)
+    lens, heads, kv_heads, dim = [5, 3, 7], 4, 2, 8
+    offsets = [0, 5, 8, 15]
+    q, k, v = (torch.randn(15, h, dim, generator=g, requires_grad=True) for h in (heads, kv_heads, kv_heads))
+    grad = torch.randn(15, heads, dim, generator=g)
+    expected = _per_sequence_sdpa(q, k, v, offsets, offsets, _bottom_right_window(*window))
+    expected.backward(grad)
+    cu = torch.tensor(offsets, dtype=torch.int32)
+    with adaptive_eager.mode(mode):
+        for _ in range(3):  # adaptive: recorded, then replayed
+            qn, kn, vn = (t.detach().to("neuron").requires_grad_() for t in (q, k, v))
+            out = varlen_attn(qn, kn, vn, cu.to("neuron"), cu.to("neuron"), max(lens), max(lens), window_size=window,
+                              enable_gqa=True)
+            out.backward(grad.to("neuron"))
+            assert torch.equal(out.cpu(), expected)
+            assert [torch.equal(a.grad.cpu(), e.grad) for a, e in zip((qn, kn, vn), (q, k, v))] == [True] * 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_flash_attention_aligns_a_causal_mask_to_the_bottom_right_when_queries_are_fewer_than_keys(mode):
+    """flash-attn's causal mask for sq < sk (decoding against a cache) lets the last query see
+    every key; CPU SDPA's is_causal is top-left aligned, so the kernel must not pass it through."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2 + 3, 2, 8, generator=g)
+    k, v = torch.randn(6 + 4, 2, 8, generator=g), torch.randn(6 + 4, 2, 8, generator=g)
+    expected = _per_sequence_sdpa(q, k, v, [0, 2, 5], [0, 6, 10], _bottom_right_window(-1, 0))
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 6, 10], dtype=torch.int32)
+    with adaptive_eager.mode(mode):
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q.to("neuron"), k.to("neuron"), v.to("neuron"), cu_q.to("neuron"), cu_k.to("neuron"), 3, 6, 0.0, True,
+            False)
+        assert torch.equal(out.cpu(), expected)
+        assert lse.shape == (2, 5) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dense_flash_attention_gives_cpu_flash_kernels_bits_in_its_batch_seqlen_heads_layout(mode):
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 6, 3, 8, generator=g) for _ in range(3))  # (batch, seqlen, heads, dim)
+    go = torch.randn(2, 6, 3, 8, generator=g)
+    ref, ref_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, True)
+    ref_grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        go.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ref, ref_lse, 0.0, True)
+    with adaptive_eager.mode(mode):
+        qn, kn, vn, gn = (t.to("neuron") for t in (q, k, v, go))
+        out, lse, seed, offset, debug = torch.ops.aten._flash_attention_forward(qn, kn, vn, None, None, 6, 6, 0.0,
+                                                                              True, False)
+        grads = torch.ops.aten._flash_attention_backward(gn, qn, kn, vn, out, lse, torch.empty(0, device="neuron"),
+                                                         torch.empty(0, device="neuron"), 6, 6, 0.0, True, seed,
+                                                         offset)
+        assert torch.equal(out.cpu(), ref.transpose(1, 2)) and torch.equal(lse.cpu(), ref_lse)
+        assert [torch.equal(a.cpu(), e.transpose(1, 2)) for a, e in zip(grads, ref_grads)] == [True] * 3
+        assert (seed.shape, seed.dtype, debug.numel()) == ((2,), torch.uint64, 0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_varlen_attention_into_a_given_output_and_with_keys_used_per_sequence(mode):
+    """varlen_attn_out writes the output in place; seqused_k (a cache's filled length) keeps
+    only each sequence's first keys."""
+    from torch.nn.attention.varlen import varlen_attn_out
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(9, 2, 8, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    expected = _per_sequence_sdpa(q, k, v, [0, 4, 9], [0, 4, 9], _bottom_right_window(-1, 0))
+    used = torch.tensor([2, 3], dtype=torch.int32)
+    expected_used = _per_sequence_sdpa(q, torch.cat([k[0:2], k[4:7]]), torch.cat([v[0:2], v[4:7]]), [0, 4, 9],
+                                       [0, 2, 5], _bottom_right_window(-1, -1))
+    with adaptive_eager.mode(mode):
+        qn, kn, vn, cun = (t.to("neuron") for t in (q, k, v, cu))
+        out = torch.full((9, 2, 8), float("nan"), device="neuron")
+        assert varlen_attn_out(out, qn, kn, vn, cun, cun, 5, 5, window_size=(-1, 0)) is out
+        assert torch.equal(out.cpu(), expected)
+        got, *_ = torch.ops.aten._flash_attention_forward(qn, kn, vn, cun, cun, 5, 5, 0.0, False, False,
+                                                          seqused_k=used.to("neuron"))
+        assert torch.equal(got.cpu(), expected_used)
+
+
+def test_flash_attention_refuses_what_it_cannot_compute_and_says_what_to_use():
+    q = torch.randn(4, 2, 8, device="neuron")
+    cu = torch.tensor([0, 4], dtype=torch.int32, device="neuron")
+    with pytest.raises(NotImplementedError, match=r"dropout_p=0.1 .*scaled_dot_product_attention"):
+        torch.ops.aten._flash_attention_forward(q, q, q, cu, cu, 4, 4, 0.1, False, False)
+    with pytest.raises(NotImplementedError, match=r"paged KV cache \(block_table\).*contiguous"):
+        torch.ops.aten._flash_attention_forward(q, q, q, cu, cu, 4, 4, 0.0, False, False,
+                                                block_table=torch.zeros(1, 1, dtype=torch.int32, device="neuron"))
+    with pytest.raises(RuntimeError, match=r"cum_seq_q must start at 0 and never decrease"):
+        torch.ops.aten._flash_attention_forward(q, q, q, torch.tensor([0, 3, 2], dtype=torch.int32,
+                                                                       device="neuron"), None, 4, 4, 0.0, False, False)
+    with pytest.raises(RuntimeError, match=r"query must be 3-D \(total, heads, head_dim\) with cum_seq_q"):
+        torch.ops.aten._flash_attention_forward(q[None], q, q, cu, cu, 4, 4, 0.0, False, False)
