@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .out_overload import out_overload
+
 
 def linear_backward(input: Tensor, grad_output: Tensor, weight: Tensor,
                     output_mask: list[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -27,3 +29,4 @@ def linear_backward(input: Tensor, grad_output: Tensor, weight: Tensor,
 
 def register(lib: torch.library.Library) -> None:
     lib.impl("linear_backward", linear_backward, "PrivateUse1")
+    lib.impl("linear_backward.out", out_overload(linear_backward, ("out0", "out1", "out2")), "PrivateUse1")

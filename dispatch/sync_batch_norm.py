@@ -8,12 +8,15 @@ raised "has no CPU kernel" at its first training step under torch.distributed (T
 distributed tests train SyncBatchNorm models). With no CPU result to match, each computes what
 CUDA's kernel computes (aten/src/ATen/native/cuda/Normalization.cuh), in CUDA's accumulation
 type (float32, float64 for float64 inputs), composed of ATen ops on the device: each op takes
-the eager path (and the adaptive engine's traces) as any other.
+the eager path (and the adaptive engine's traces) as any other. The older
+`batch_norm_gather_stats` (one count for every rank) and the `.out` forms of all six too.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from .out_overload import out_overload
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
@@ -118,16 +121,35 @@ def _memory_format(input: Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
+def batch_norm_gather_stats(input: Tensor, mean: Tensor, invstd: Tensor, running_mean: Tensor | None,
+                            running_var: Tensor | None, momentum: float, eps: float, count: int) -> tuple[Tensor, Tensor]:
+    """The older form of batch_norm_gather_stats_with_counts: every rank's shard holds `count`
+    elements per channel."""
+    counts = torch.full((mean.shape[0],), count, dtype=mean.dtype, device=mean.device)
+    return batch_norm_gather_stats_with_counts(input, mean, invstd, running_mean, running_var, momentum, eps, counts)
+
+
 KERNELS = {
     "batch_norm_stats": batch_norm_stats,
+    "batch_norm_gather_stats": batch_norm_gather_stats,
     "batch_norm_gather_stats_with_counts": batch_norm_gather_stats_with_counts,
     "batch_norm_elemt": batch_norm_elemt,
     "batch_norm_backward_reduce": batch_norm_backward_reduce,
     "batch_norm_backward_elemt": batch_norm_backward_elemt,
 }
+# The out= forms' result names (their schemas' Tensor(a!) arguments).
+OUT_NAMES = {
+    "batch_norm_stats": ("out0", "out1"),
+    "batch_norm_gather_stats": ("out0", "out1"),
+    "batch_norm_gather_stats_with_counts": ("out0", "out1"),
+    "batch_norm_elemt": ("out",),
+    "batch_norm_backward_reduce": ("out0", "out1", "out2", "out3"),
+    "batch_norm_backward_elemt": ("out",),
+}
 
 
 def register(lib: torch.library.Library) -> None:
-    """Give neuron SyncBatchNorm's five kernels (none has a CPU kernel to run)."""
+    """Give neuron SyncBatchNorm's kernels and their out= forms (none has a CPU kernel to run)."""
     for name, kernel in KERNELS.items():
         lib.impl(name, kernel, "PrivateUse1")
+        lib.impl(f"{name}.out", out_overload(kernel, OUT_NAMES[name]), "PrivateUse1")

@@ -191,3 +191,38 @@ def test_flash_attention_refuses_what_it_cannot_compute_and_says_what_to_use():
                                                                        device="neuron"), None, 4, 4, 0.0, False, False)
     with pytest.raises(RuntimeError, match=r"query must be 3-D \(total, heads, head_dim\) with cum_seq_q"):
         torch.ops.aten._flash_attention_forward(q[None], q, q, cu, cu, 4, 4, 0.0, False, False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_out_forms_of_the_kernels_cpu_lacks_write_the_functional_results_into_the_given_tensors(mode):
+    """Each op given a kernel here has an out= overload, a separate op: before, on neuron,
+    `torch.batch_norm_stats(x, eps, out=...)` and the others raised "has no CPU kernel"."""
+    g = torch.Generator().manual_seed(4)
+    x, gy = torch.randn(4, 3, 5, generator=g).to("neuron"), torch.randn(4, 3, 5, generator=g).to("neuron")
+    w = torch.randn(3, generator=g).to("neuron")
+    aten = torch.ops.aten
+    with adaptive_eager.mode(mode):
+        mean, invstd = torch.batch_norm_stats(x, 1e-5)
+        counts = torch.full((2,), 20.0, device="neuron")
+        cases = [
+            (aten.batch_norm_stats, (x, 1e-5), 2),
+            (aten.batch_norm_gather_stats_with_counts,
+             (x, mean.repeat(2, 1), invstd.repeat(2, 1), None, None, 0.1, 1e-5, counts), 2),
+            (aten.batch_norm_elemt, (x, w, None, mean, invstd, 1e-5), 1),
+            (aten.batch_norm_backward_reduce, (gy, x, mean, invstd, w, True, True, True), 4),
+            (aten.linear_backward, (x, gy[..., :4], torch.randn(4, 5, device="neuron"), [True, True, True]), 3),
+        ]
+        for op, args, n in cases:
+            expected = op.default(*args)
+            expected = (expected,) if n == 1 else expected
+            outs = [torch.empty(0, device="neuron") for _ in range(n)]
+            names = ("out",) if n == 1 else tuple(f"out{i}" for i in range(n))
+            got = op.out(*args, **dict(zip(names, outs)))
+            got = (got,) if n == 1 else got
+            assert all(a is b for a, b in zip(got, outs)), op
+            assert [torch.equal(a.cpu(), e.cpu()) for a, e in zip(outs, expected)] == [True] * n, op
+        # The older gather_stats: one count for every rank's shard, the same statistics.
+        stats = torch.batch_norm_gather_stats(x, mean.repeat(2, 1), invstd.repeat(2, 1), None, None, 0.1, 1e-5, 20)
+        with_counts = torch.batch_norm_gather_stats_with_counts(x, mean.repeat(2, 1), invstd.repeat(2, 1), None,
+                                                                None, 0.1, 1e-5, counts)
+        assert [torch.equal(a.cpu(), b.cpu()) for a, b in zip(stats, with_counts)] == [True, True]
