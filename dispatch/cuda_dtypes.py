@@ -32,8 +32,9 @@ from torch._prims_common.wrappers import _maybe_resize_out
 from .custom_kernels import custom_kernel
 
 # Every OpInfo (name, variant) whose dtypesIfCUDA holds dtypes its dtypes (CPU's) lacks, in
-# torch 2.13's op_db, with what neuron does for them: "cuda" (computes CUDA's result, here) or
-# "cpu" (CPU's kernel runs: CPU's result where it has one, else CPU's error, word for word).
+# torch 2.13's op_db, with what neuron does for them: "cuda" (computes CUDA's result, here),
+# "cpu" (CPU's kernel runs: CPU's result where it has one, else CPU's error, word for word) or
+# "per sequence" (flash-attn's ops: CPU's flash kernel on each sequence, flash_attention.py).
 # tests/integrations/test_cuda_dtypes.py sweeps op_db and fails on a gap missing here: a new
 # one is a crash waiting on accelerator-only code until someone decides what neuron does.
 _C32, _F16, _BF16 = "complex32", "float16", "bfloat16"
@@ -64,11 +65,12 @@ KNOWN_CUDA_DTYPE_GAPS: dict[tuple[str, str], tuple[frozenset, str]] = {
     ("abs", ""): (frozenset({"bool"}), "cpu"),
     ("nn.functional.softsign", ""): (frozenset({"bool"}), "cpu"),
     ("trace", ""): (frozenset({"bool", _C32}), "cpu"),
-    # OpInfo lists no CPU dtypes for these: cuDNN-free batch norm and the fused attention
-    # kernels are CUDA's variants of ops neuron runs through CPU's own paths.
+    # OpInfo lists no CPU dtypes for these: cuDNN-free batch norm and the memory-efficient
+    # attention kernel are CUDA's variants of ops neuron runs through CPU's own paths.
     ("nn.functional.batch_norm", "without_cudnn"): (frozenset({_F16, _BF16, "float32", "float64"}), "cpu"),
     ("torch.ops.aten._efficient_attention_forward", ""): (frozenset({_F16, "float32"}), "cpu"),
-    ("torch.ops.aten._flash_attention_forward", ""): (frozenset({_F16}), "cpu"),
+    # varlen_attn's op (torchtitan): CPU's flash kernel runs on each sequence.
+    ("torch.ops.aten._flash_attention_forward", ""): (frozenset({_F16}), "per sequence"),
 }
 
 # AT_DISPATCH_ALL_TYPES of `_histc_cuda`, less its floating types (CPU's kernel has those).

@@ -226,3 +226,31 @@ def test_out_forms_of_the_kernels_cpu_lacks_write_the_functional_results_into_th
         with_counts = torch.batch_norm_gather_stats_with_counts(x, mean.repeat(2, 1), invstd.repeat(2, 1), None,
                                                                 None, 0.1, 1e-5, counts)
         assert [torch.equal(a.cpu(), b.cpu()) for a, b in zip(stats, with_counts)] == [True, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_opinfos_flash_attention_samples_give_cpu_flash_with_flash_attns_causal_alignment(dtype):
+    """OpInfo's own samples of aten::_flash_attention_forward (dense, 11 queries against 32
+    keys): without dropout, CPU's flash kernel's bits under a bottom-right causal mask; with
+    dropout, the refusal naming what to use."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = next(o for o in op_db if o.name == "torch.ops.aten._flash_attention_forward")
+    seen = {"value": 0, "refused": 0}
+    for sample in op.sample_inputs("cpu", dtype):
+        q, (k, v), kw = sample.input, sample.args, sample.kwargs
+        on_neuron = [t.to("neuron") for t in (q, k, v)]
+        if kw["dropout_p"]:
+            with pytest.raises(NotImplementedError, match="dropout_p"):
+                op(*on_neuron, **kw)
+            seen["refused"] += 1
+            continue
+        sq, sk = q.shape[1], k.shape[1]
+        mask = _bottom_right_window(-1, 0 if kw["is_causal"] else -1)(sq, sk)
+        additive = None if mask is None else torch.zeros(sq, sk, dtype=dtype).masked_fill(~mask, float("-inf"))
+        expected, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, False, attn_mask=additive, scale=kw["scale"])
+        got = op(*on_neuron, **kw)
+        assert torch.equal(got[0].cpu(), expected.transpose(1, 2)) and torch.equal(got[1].cpu(), lse)
+        seen["value"] += 1
+    assert seen["value"] >= 2 and seen["refused"] >= 1, seen
