@@ -7,7 +7,8 @@ One namespace, one folder of the repository per layer; an import goes down this 
 - `adaptive_eager` (adaptive_eager/): the public API (this module, `mode`, `stats`,
   `explain`) and, a subpackage each, the adaptive engine (`engine/`: recording, detection,
   traces, matching), the command line (`cli/`), NKI for users (`nki/`: the `nki` module and
-  the kernel library) and vLLM's platform plugin (`vllm_platform/`);
+  the kernel library), vLLM's platform plugin (`vllm_platform/`) and PyTorch Lightning's
+  accelerator (`lightning_plugin/`);
 - `adaptive_eager.dispatch` (dispatch/): the device's integrations with PyTorch's subsystems
   (registration, the executor interface, op classification and pricing, autocast, attention,
   distributed, torch.compile and inductor, custom and NKI kernels on torch tensors);
@@ -44,6 +45,11 @@ if _settings.read("ADAPTIVE_EAGER_NKI"):
     from . import nki as _nki  # `import nki` gives the emulator's NKI (adaptive_eager.nki.install)
 
     _nki.install()
+
+# `Trainer(accelerator="neuron")` once Lightning is imported: Note [Lightning's neuron accelerator].
+from .lightning_plugin import install as _install_lightning  # noqa: E402
+
+_install_lightning()
 
 # Last, once the engine's modules are loaded: Note [Opaque to Dynamo]. Modules imported later
 # (the command line, dispatch.compile_backend) mark themselves or never run under Dynamo.
