@@ -78,17 +78,7 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     else:
         a = _op.read_f32(stationary).reshape(-1 if not double else 2 * k, m)
         b = _op.read_f32(moving).reshape(-1 if not double else 2 * k, n)
-        product = a.t() @ b  # float32 accumulation, as in the Tensor Engine
-        acc = _op.acc_view(dst)
-        if accumulate is None:
-            add = acc.reshape(m, n) if acc is not None else torch.zeros(m, n, dtype=torch.bool)
-        else:
-            add = torch.full((m, n), bool(accumulate))
-        old = _op.read_f32(dst)
-        result = torch.where(add, old + product, product)
-        dst.torch_view().copy_(dt.encode(result, dst.dtype).reshape(dst.shape))
-        if acc is not None:
-            acc.fill_(True)
+        _op.write_matmul(dst, a.t() @ b, accumulate)  # float32 accumulation, as in the Tensor Engine
     onezero = is_stationary_onezero or is_moving_onezero
     _op.issue("nc_matmul", costs.TENSOR, costs.matmul(target, n, moving.dtype, onezero=onezero, transpose=is_transpose),
            [stationary, moving] + ([dst] if not is_transpose else []), [dst])

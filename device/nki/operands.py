@@ -98,6 +98,23 @@ def acc_view(t: NkiTensor):
     return s.acc.as_strided(t.shape, t.strides, t.offset)
 
 
+def write_matmul(dst: NkiTensor, product: torch.Tensor, accumulate) -> None:
+    """A Tensor Engine result (m, n float32) into its PSUM dst: added to what dst holds if
+    `accumulate` is True, or, with accumulate=None, where dst's elements are in an open
+    accumulation group (Note [PSUM accumulation]); written over otherwise. Rounded to dst's
+    dtype once, after the addition (float32 or, on NeuronCore-v4, bfloat16)."""
+    m, n = product.shape
+    acc = acc_view(dst)
+    if accumulate is None:
+        add = acc.reshape(m, n) if acc is not None else torch.zeros(m, n, dtype=torch.bool)
+    else:
+        add = torch.full((m, n), bool(accumulate))
+    result = torch.where(add, read_f32(dst) + product, product)
+    dst.torch_view().copy_(dt.encode(result, dst.dtype).reshape(dst.shape))
+    if acc is not None:
+        acc.fill_(True)
+
+
 def close_psum(t: NkiTensor) -> None:
     """Note [PSUM accumulation]: a matmul into PSUM with accumulate=None adds to elements a
     matmul wrote and nothing has read or overwritten since (the accumulation group NKI's
