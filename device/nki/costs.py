@@ -20,6 +20,15 @@ dimension" (trainium2_arch.rst:101), i.e. the same II for twice the work; transp
 matmul with the identity as moving (N = the input's partitions), "2x speedup in FP32
 transpose" on v3+ (trainium2_arch.rst:201).
 
+MX (NeuronCore-v4, guides/architecture/trainium3_arch.rst): nc_matmul_mx "runs at 4x the
+throughput compared to a BF16/FP16 matmul" (:75) by "quadrupling the maximum contraction
+dimension ... from 128 ... to 512" (:79): each PE takes one x4 word a cycle, so the II is a
+bf16 nc_matmul's, max(N, MM_INIT_LATENCY) for N moving x4 words. quantize_mx "can quantize four
+input elements per partition, per cycle (i.e., 4x Vector performance mode)" (:172), so
+max(MIN_II, F/4) Vector cycles for F source elements per partition; with Tensor at 2.4 and
+Vector at 1.2 GHz a quantize runs at half a matmul's rate, as deep-dives/mxfp-matmul.rst:253
+says ("Matmul-MX produces data at double the rate that Quantize-MX can consume it").
+
 Vector/Scalar/GpSimd: "only one input tile ... roughly N cycles", "two input tiles ...
 roughly 2N cycles" (trainium_inferentia2_arch.rst:389-395, N elements per partition),
 "MIN_II is roughly 64 engine cycles" (api/nki.api.shared.rst:253), "a static instruction
@@ -94,6 +103,16 @@ def matmul(target: Target, moving_free: int, dtype: dt.NkiDType, *, onezero: boo
     if dtype in (dt.float32, dt.tfloat32):
         factor = 2 if (onezero or (transpose and target.version >= 3)) else 4
     return Cost(cycles_ns(target, TENSOR, max(moving_free * factor, MM_INIT_CYCLES)))
+
+
+def matmul_mx(target: Target, moving_words: int) -> Cost:
+    """nc_matmul_mx: one x4 word (four contraction elements) of each moving column per cycle."""
+    return Cost(cycles_ns(target, TENSOR, max(moving_words, MM_INIT_CYCLES)))
+
+
+def quantize_mx(target: Target, src_free_elems: int) -> Cost:
+    """quantize_mx on the Vector Engine: four source elements per partition per cycle."""
+    return alu(target, VECTOR, src_free_elems, speedup=4.0)
 
 
 def alu(target: Target, engine: str, free_elems: int, inputs: int = 1, speedup: float = 1.0,

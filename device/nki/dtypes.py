@@ -9,8 +9,9 @@ tensor whose torch dtype has the same width: most have a torch twin; two are emu
   256-entry table with round-to-nearest-even (Note [IEEE float8_e4m3]).
 - `tfloat32` is stored as float32 with the mantissa rounded to 10 bits on every write.
 
-The `_x4` packed types are opaque words (4 elements in one storage element): they can be
-moved and zero-filled, but only `nc_matmul_mx` computes on them.
+The `_x4` packed types are words of 4 elements (float8 x4 in an int32, float4 x4 in an int16):
+to every instruction but copies and memset they are opaque; only `quantize_mx` (which writes
+them) and `nc_matmul_mx` (which reads them) see their elements, through mx_format.py.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ kernel's timeline (timeline.py). Arithmetic is float32, as on the engines: input
 float32, the result is rounded to the destination's dtype once (round to nearest even).
 Copies between equal dtypes move bits. The instructions live in isa_move.py (DMA and copies),
 isa_tensor.py (the Tensor Engine), isa_alu.py (Vector/Scalar/GpSimd arithmetic), isa_scan.py,
-isa_search.py and isa_lnc.py; this module is the namespace kernels call them by.
+isa_search.py, isa_lnc.py, isa_rng.py and isa_mx.py (the MX formats); this module is the
+namespace kernels call them by.
 """
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ from .isa_alu import (activate2, activation, activation_reduce, affine_select, b
                       range_select, reciprocal, scalar_tensor_tensor, tensor_reduce, tensor_scalar,
                       tensor_scalar_reduce, tensor_tensor)
 from .isa_lnc import core_barrier, sendrecv  # noqa: E402,F401
+from .isa_mx import nc_matmul_mx, quantize_mx  # noqa: E402,F401
 from .isa_rng import rand2, rand_get_state, rand_set_state  # noqa: E402,F401
 from .isa_move import (assign, dma_compute, dma_copy, dma_transpose, memset, tensor_copy,  # noqa: E402,F401
                        tensor_copy_predicated)

@@ -30,8 +30,8 @@ def tile(instr: str, name: str, t, *, buffers=ON_CHIP, max_partitions: int | Non
     if t.on_chip and t.partition_start + t.shape[0] > current().target.partitions:
         raise NkiValidationError(f"{instr} {name} reaches partition {t.partition_start + t.shape[0] - 1}, past the "
                                  f"{current().target.partitions} partitions of the NeuronCore")
-    if t.dtype.packed and instr not in ("dma_copy", "memset", "tensor_copy"):
-        raise NkiValidationError(f"{instr} {name}: packed dtype {t.dtype} is only for nc_matmul_mx")
+    if t.dtype.packed and instr not in ("dma_copy", "memset", "tensor_copy", "nc_matmul_mx", "quantize_mx"):
+        raise NkiValidationError(f"{instr} {name}: packed dtype {t.dtype} is only for nc_matmul_mx and quantize_mx")
     return t
 
 
