@@ -6,6 +6,7 @@ behaviour. When one gets fixed, its test fails: update the table and the test to
 | 8 | `torch.nested.nested_tensor(parts, device='neuron')` (strided layout) | it is made; its first use (any op, `.cpu()`, printing) raises "dense (strided) only ... use the jagged layout" | torch's factory builds it below the dispatcher, where no kernel of ours is asked (Note [Dense layouts only]); every other constructor refuses at the call | `layout=torch.jagged` |
 | 9 | training in a `fork`ed child after a backward in the parent | the child's backward raises torch's "Unable to handle autograd's threading in combination with fork-based multiprocessing" | as on CUDA: autograd runs a device's backward on a thread of its own, which fork does not copy | start children with `spawn` or `forkserver` (`torch.multiprocessing.spawn`, `mp.get_context("spawn")`): they train as the parent does |
 | 10 | `safetensors.torch.load_file(path, device='neuron')` | safetensors raises its own `SafetensorError: device neuron is invalid` | safetensors checks the device name against a list of its own (cpu, cuda, mps, npu, xpu, ...), before torch sees it | load on the host, then move: `model.load_state_dict(load_file(path))` into a neuron model, or `{k: v.to('neuron') for k, v in load_file(path).items()}` |
+| 11 | an `nki.isa` instruction called outside any kernel after `NEURON_PLATFORM_TARGET_OVERRIDE` changed | it runs for the target the thread had at its first instruction outside a kernel (a trn3-only one raises "NeuronCore-v4" under override trn3) | outside a kernel each thread gets one interactive program, made on first use with the target of that moment (device/nki/program.py); kernels resolve the target per launch | call the instructions inside an `@nki.jit` kernel, or set the override before the thread's first one |
 """
 
 import json
@@ -77,3 +78,35 @@ def test_10_safetensors_refuses_to_load_onto_neuron_itself_and_host_then_move_wo
         safetensors_torch.load_file(path, device="neuron")
     moved = {k: v.to("neuron") for k, v in safetensors_torch.load_file(path).items()}
     assert moved["w"].device == torch.device("neuron:0") and torch.equal(moved["w"].cpu(), torch.arange(4.0))
+
+
+def test_11_the_interactive_nki_program_keeps_the_target_it_was_made_with(monkeypatch):
+    import threading
+
+    import adaptive_eager.nki as nki
+    import adaptive_eager.nki.isa as nisa
+    import adaptive_eager.nki.language as nl
+
+    def exponential():
+        src = nl.ndarray((4, 8), nl.float32, nl.sbuf)
+        nisa.memset(dst=src, value=0.0)
+        nisa.exponential(dst=nl.ndarray((4, 8), nl.float32, nl.sbuf), src=src)  # NeuronCore-v4 only
+
+    outcome = []
+
+    def fresh_thread():  # a thread of its own: a fresh interactive program, whatever ran before
+        nl.ndarray((1, 1), nl.float32, nl.sbuf)  # made under the profile's target (trn2)
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+        try:
+            exponential()
+            outcome.append("ran")
+        except nisa.NkiValidationError as exc:
+            outcome.append(str(exc))
+
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    monkeypatch.setenv("NEURON_PROFILE", "trn2")
+    worker = threading.Thread(target=fresh_thread)
+    worker.start()
+    worker.join()
+    assert "NeuronCore-v4" in outcome[0]
+    nki.jit(lambda x: exponential())(torch.zeros(1))  # a kernel reads the override at its launch
