@@ -29,7 +29,26 @@ def cmd_info(args) -> int:
     from adaptive_eager.device import stream
 
     print(f"device stream: {stream.stream_status()}")
+    for line in _framework_lines():
+        print(line)
     return 0
+
+
+def _framework_lines() -> list[str]:
+    """How the libraries that choose the device themselves are pointed at neuron, and whether
+    this environment does it now."""
+    import importlib.util
+    import os
+
+    chosen = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    accelerate = ("set: they use neuron" if chosen and chosen.startswith("neuron")
+                  else f"now {chosen!r}: they do not use neuron" if chosen else "unset: they use the CPU")
+    lightning = importlib.util.find_spec("lightning") or importlib.util.find_spec("pytorch_lightning")
+    return [
+        f"Hugging Face Trainer/accelerate: ACCELERATE_TORCH_DEVICE=neuron in the environment ({accelerate})",
+        "PyTorch Lightning: Trainer(accelerator=\"neuron\", devices=N) "
+        f"({'installed' if lightning else 'not installed'})",
+    ]
 
 
 # -- demo: the same MLP training loop in eager and in adaptive mode -----------------------------

@@ -82,3 +82,15 @@ def test_info_lists_devices_and_launch_overhead():
     assert devices and devices == [str(i) for i in range(len(devices))], out
     assert re.search(r"^launch overhead: \d+(\.\d+)? us per launch", out, re.M), out
     assert "execution mode: adaptive" in out
+
+
+@pytest.mark.parametrize("value, says", [(None, "unset: they use the CPU"), ("neuron", "set: they use neuron"),
+                                         ("cpu", "now 'cpu': they do not use neuron")])
+def test_info_says_how_hugging_face_is_pointed_at_neuron_and_whether_it_is_now(value, says):
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_TORCH_DEVICE"}
+    if value is not None:
+        env["ACCELERATE_TORCH_DEVICE"] = value
+    out = subprocess.run([sys.executable, "-m", "adaptive_eager", "info"], capture_output=True, text=True, env=env,
+                         timeout=SUBPROCESS_TIMEOUT_S).stdout
+    assert f"Hugging Face Trainer/accelerate: ACCELERATE_TORCH_DEVICE=neuron in the environment ({says})" in out, out
+    assert 'PyTorch Lightning: Trainer(accelerator="neuron", devices=N)' in out
