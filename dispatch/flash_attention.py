@@ -22,15 +22,24 @@ right, -1 meaning no bound); `seqused_k` uses only the first keys of each sequen
 dtypes are accepted (float32 too, which flash-attn's CUDA kernel lacks: the emulated device
 runs CPU's arithmetic everywhere).
 
-The offsets are read on the host (one wait for the device a call): the sequences' bounds decide
-which kernels run. Refused, with what to do instead: dropout (flash-attn's Philox mask is
+The offsets are read on the host: the sequences' bounds decide which kernels run. A model
+passes one offsets tensor to every layer, forward and backward, so what was read is kept with
+the tensor (while it lives and is not written): one wait for the device a step, not one a layer
+(in adaptive mode each wait launches what the engine holds). Refused, with what to do instead: dropout (flash-attn's Philox mask is
 CUDA's; varlen_attn never asks it), a paged KV cache (`block_table`) and ALiBi slopes.
 `num_splits` is a CUDA scheduling hint and changes nothing here.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
+
+# Each offsets tensor's values as last read, with the tensor's version then: the same tensor
+# comes back for every layer and for the backward. By id (a tensor's == is elementwise), with
+# a weak reference that proves the id's tensor is the one read and drops the entry with it.
+_READ_OFFSETS: dict[int, tuple[weakref.ref, int, list[int]]] = {}
 
 _OP = "aten::_flash_attention_forward"
 _BACKWARD = "aten::_flash_attention_backward"
@@ -53,12 +62,28 @@ def _refuse_unsupported(op: str, dropout_p: float, block_table: Tensor | None = 
             f"torch.nn.functional.scaled_dot_product_attention instead.")
 
 
+def _host_values(t: Tensor) -> list[int]:
+    """t's values on the host: read once per version of t (the host waits for the device then)."""
+    key = id(t)
+    kept = _READ_OFFSETS.get(key)
+    if kept is not None and kept[0]() is t and kept[1] == t._version:
+        return kept[2]
+    values = t.tolist()
+
+    def forget(ref, key=key):
+        if _READ_OFFSETS.get(key, (None,))[0] is ref:
+            del _READ_OFFSETS[key]
+
+    _READ_OFFSETS[key] = (weakref.ref(t, forget), t._version, values)
+    return values
+
+
 def _offsets(name: str, offsets: Tensor, batch: int | None = None) -> list[int]:
     if offsets.dim() != 1 or offsets.numel() < 2 or offsets.dtype not in (torch.int32, torch.int64):
         raise RuntimeError(
             f"{_OP} on neuron: {name} must be a 1-D int32 tensor of cumulative sequence offsets (batch + 1 "
             f"entries, starting at 0), got {offsets.dtype} of shape {tuple(offsets.shape)}.")
-    values = offsets.tolist()  # the host waits here: the sequences' bounds choose the kernels
+    values = _host_values(offsets)
     if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
         raise RuntimeError(f"{_OP} on neuron: {name} must start at 0 and never decrease, got {values}.")
     if batch is not None and len(values) != batch + 1:
@@ -161,7 +186,7 @@ def _spans(cum_seq_q: Tensor | None, cum_seq_k: Tensor | None, seqused_k: Tensor
         raise RuntimeError(
             f"{_OP} on neuron: the offsets run past the tensors: cum_seq_q ends at {qs[-1]} for "
             f"{query.shape[0]} query tokens, cum_seq_k at {ks[-1]} for {key.shape[0]} key tokens.")
-    used = None if seqused_k is None else seqused_k.tolist()
+    used = None if seqused_k is None else _host_values(seqused_k)
     spans = []
     for b in range(len(qs) - 1):
         k_end = ks[b + 1] if used is None else ks[b] + min(used[b], ks[b + 1] - ks[b])

@@ -17,11 +17,12 @@ import torch
 import adaptive_eager
 
 
-def require(module: str, extra: str = "clients"):
-    """The client module, or a skip naming the extra (a failure when CI requires clients)."""
+def require(module: str, extra: str = "clients", then: str = ""):
+    """The client module, or a skip naming the extra and any further step `then` (a failure
+    when CI requires clients)."""
     if os.environ.get("ADAPTIVE_EAGER_REQUIRE_CLIENTS") == "1":
         return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"{module} is a real-client extra: pip install -e \".[{extra}]\" "
+    return pytest.importorskip(module, reason=f"{module} is a real-client extra: pip install -e \".[{extra}]\"{then} "
                                               "(README: Serving with vLLM, for the vllm extra)")
 
 
