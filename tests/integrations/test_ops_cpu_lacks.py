@@ -254,3 +254,14 @@ def test_opinfos_flash_attention_samples_give_cpu_flash_with_flash_attns_causal_
         assert torch.equal(got[0].cpu(), expected.transpose(1, 2)) and torch.equal(got[1].cpu(), lse)
         seen["value"] += 1
     assert seen["value"] >= 2 and seen["refused"] >= 1, seen
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False),
+    lambda q: torch.ops.aten._scaled_dot_product_flash_attention(q, q, q),
+    lambda q: torch.ops.aten._efficient_attention_forward(q, q, q, None, None, None, None, None, 0.0, 0, False),
+], ids=["sdpa_efficient", "sdpa_flash", "efficient_attention_forward"])
+def test_cudas_fused_attention_kernels_are_refused_naming_the_public_call_that_runs_on_neuron(call):
+    with pytest.raises(NotImplementedError, match=r"has no CPU kernel.*call torch\.nn\.functional\.scaled_dot_product_"
+                                                  r"attention, which runs on neuron.*varlen_attn"):
+        call(torch.randn(1, 2, 4, 8, device="neuron"))

@@ -338,6 +338,10 @@ void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
   std::string hint = "compute it with ops the CPU has";
   if (name == "aten::_scaled_grouped_mm") {
     hint = "dequantize the operands (to bfloat16, times their scales) and call torch._grouped_mm, which runs on neuron";
+  } else if (name.find("attention") != std::string::npos) {
+    // CUDA's fused attention kernels (flash, memory-efficient, cuDNN): the public entry runs here.
+    hint = "call torch.nn.functional.scaled_dot_product_attention, which runs on neuron the kernel the CPU picks "
+           "(for packed sequences, torch.nn.attention.varlen.varlen_attn)";
   }
   TORCH_CHECK_NOT_IMPLEMENTED(false, name, " has no CPU kernel in torch ", TORCH_VERSION,
                               where.empty() ? std::string() : " (it has kernels for " + where + " only)",
