@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 
 from adaptive_eager.device.nki import KernelProfile, NkiValidationError, isa, jit, language, simulate
 from adaptive_eager.device.nki import constants as _constants
@@ -55,29 +56,59 @@ def profile(kernel, *args, **kwargs) -> KernelProfile:
 def install() -> None:
     """Make `import nki`, `import nki.language as nl`, `import nki.isa as nisa` give these
     modules, so kernels written for AWS's package run unchanged. Refuses to shadow a real one."""
-    mine = sys.modules[__name__]
-    existing = sys.modules.get("nki")
-    if existing is mine:
+    _install_as("nki", sys.modules[__name__], _SUBMODULES, "install()")
+
+
+def install_neuronxcc() -> None:
+    """Make `from neuronxcc import nki`, `import neuronxcc.nki.language as nl` (and `.isa`,
+    `.typing`) give the old dialect's modules (adaptive_eager.nki.neuronxcc), for kernels
+    written against neuronxcc.nki. Refuses to shadow a real neuronxcc."""
+    from . import neuronxcc
+    if sys.modules.get("neuronxcc.nki") is neuronxcc:
         return
-    spec = importlib.util.find_spec("nki") if existing is None else None
+    _refuse_a_real("neuronxcc", "install_neuronxcc()", "import adaptive_eager.nki.neuronxcc as nki")
+    package = types.ModuleType("neuronxcc", "The emulator's stand-in for neuronxcc: only its nki dialect.")
+    package.__path__ = []  # a package, so `import neuronxcc.nki` looks its submodules up in sys.modules
+    package.nki = neuronxcc
+    sys.modules["neuronxcc"] = package
+    _install_as("neuronxcc.nki", neuronxcc, neuronxcc.SUBMODULES, "install_neuronxcc()")
+
+
+def _install_as(name: str, module, submodules: dict, how: str) -> None:
+    if sys.modules.get(name) is module:
+        return
+    _refuse_a_real(name, how, "import adaptive_eager.nki as nki")
+    sys.modules[name] = module
+    for sub, value in submodules.items():
+        sys.modules[f"{name}.{sub}"] = value
+
+
+def _refuse_a_real(name: str, how: str, instead: str) -> None:
+    existing = sys.modules.get(name)
+    try:
+        spec = importlib.util.find_spec(name) if existing is None else None
+    except ModuleNotFoundError:  # a dotted name whose parent is not there
+        spec = None
     if existing is not None or spec is not None:
         where = getattr(existing, "__file__", None) if existing is not None else spec.origin
         raise RuntimeError(
-            f"a real 'nki' package is installed ({where}); adaptive_eager.nki.install() never shadows it. "
-            f"Import the emulator's modules by their own names instead: import adaptive_eager.nki as nki, "
-            f"import adaptive_eager.nki.language as nl, import adaptive_eager.nki.isa as nisa.")
-    sys.modules["nki"] = mine
-    for name, module in _SUBMODULES.items():
-        sys.modules[f"nki.{name}"] = module
+            f"a real {name!r} package is installed ({where}); adaptive_eager.nki.{how} never shadows it. "
+            f"Import the emulator's modules by their own names instead: {instead}, and its language and isa "
+            f"submodules.")
 
 
 def uninstall() -> None:
-    """Undo install(): `import nki` no longer finds the emulator."""
+    """Undo install() and install_neuronxcc(): `import nki` and `import neuronxcc` no longer
+    find the emulator."""
     mine = sys.modules[__name__]
     if sys.modules.get("nki") is mine:
         for name in ["nki"] + [f"nki.{n}" for n in _SUBMODULES]:
             sys.modules.pop(name, None)
+    legacy = sys.modules.get(f"{__name__}.neuronxcc")
+    if legacy is not None and sys.modules.get("neuronxcc.nki") is legacy:
+        for name in ["neuronxcc", "neuronxcc.nki"] + [f"neuronxcc.nki.{n}" for n in legacy.SUBMODULES]:
+            sys.modules.pop(name, None)
 
 
-__all__ = ["Kernel", "KernelProfile", "NkiValidationError", "cpu_simulate", "dtype", "install", "isa", "jit", "language",
-           "nki_op", "profile", "simulate", "typing", "uninstall"]
+__all__ = ["Kernel", "KernelProfile", "NkiValidationError", "cpu_simulate", "dtype", "install", "install_neuronxcc",
+           "isa", "jit", "language", "nki_op", "profile", "simulate", "typing", "uninstall"]

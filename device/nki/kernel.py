@@ -66,6 +66,10 @@ def set_device_runner(runner) -> None:
 class Kernel:
     """A @nki.jit kernel. Call it with torch tensors or numpy arrays; `kernel[grid](...)` for SPMD."""
 
+    # which NKI the body is written in: "nki" (this package) or "neuronxcc" (device/nki/legacy);
+    # the running program carries it, so each dialect's own forms can refuse the other's
+    dialect = "nki"
+
     def __init__(self, fn, grid: tuple[int, ...] = (), **options):
         if not callable(fn):
             raise TypeError(f"nki.jit decorates a kernel function, got {type(fn).__name__}")
@@ -82,7 +86,7 @@ class Kernel:
             raise TypeError(f"kernel[...] takes the grid as ints (kernel[2] or kernel[4, 2]), got {grid!r}") from None
         if not grid or any(g < 1 for g in grid):
             raise ValueError(f"kernel[{grid}]: every grid dimension must be >= 1")
-        return Kernel(self.fn, grid, **self.options)
+        return type(self)(self.fn, grid, **self.options)
 
     def __call__(self, *args, **kwargs):
         if _device_runner is not None and _has_device_tensor(args, kwargs):
@@ -96,6 +100,10 @@ class Kernel:
 
 def jit(fn=None, **options):
     """@nki.jit or @nki.jit(...): a kernel (options such as platform_target are accepted)."""
+    if "mode" in options:  # neuronxcc.nki's; NKI 0.3.0 made passing it an error
+        raise TypeError(f"nki.jit(mode={options['mode']!r}): nki.jit has no mode since NKI 0.3.0 (the framework is "
+                        f"detected from the arguments; nki.simulate(kernel) runs on the CPU): remove it, or use "
+                        f"neuronxcc.nki.jit for a kernel of the old dialect")
     if fn is None:
         return lambda f: Kernel(f, **options)
     if isinstance(fn, Kernel):
@@ -125,7 +133,7 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
     programs = math.prod(grid) if grid else 1
     cores = cores or min(programs, logical_cores())
     timeline = Timeline(target, cores)
-    launch = Launch(grid, target, timeline, lnc=cores)
+    launch = Launch(grid, target, timeline, lnc=cores, dialect=kernel.dialect)
     wrapped: dict[tuple, tuple[Storage, list]] = {}
     staged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     numpy_mode = [False]

@@ -40,8 +40,10 @@ class Launch:
     """What the programs of one kernel call share: the grid, the target, the timeline, and
     the shared_hbm tensors they allocate (the i-th allocation of every program is one tensor)."""
 
-    def __init__(self, grid: tuple[int, ...], target: Target, timeline=None, lnc: int = 1):
+    def __init__(self, grid: tuple[int, ...], target: Target, timeline=None, lnc: int = 1, dialect=None):
         self.grid = grid
+        # the kernel's NKI dialect ("nki" or "neuronxcc"); None outside a kernel (at a prompt)
+        self.dialect = dialect
         self.target = target
         self.timeline = timeline
         self.lnc = lnc

@@ -212,6 +212,55 @@ class NkiTensor:
         v = self.values()
         return np.asarray(v.numpy() if dtype is None else v.numpy().astype(dtype))
 
+    # Note [Operators on tiles]: neuronxcc.nki (the old dialect) writes tile math with Python's
+    # operators (`a * 2.0`, `a + b`); nki's NkiTensor has none, so in an nki kernel (or at a
+    # prompt) they return NotImplemented and Python raises its usual TypeError, as the new
+    # toolchain does. In a neuronxcc.nki kernel each is the nl function of the same name.
+    def __add__(self, other):
+        return _tile_operator("add", self, other)
+
+    def __radd__(self, other):
+        return _tile_operator("add", other, self)
+
+    def __sub__(self, other):
+        return _tile_operator("subtract", self, other)
+
+    def __rsub__(self, other):
+        return _tile_operator("subtract", other, self)
+
+    def __mul__(self, other):
+        return _tile_operator("multiply", self, other)
+
+    def __rmul__(self, other):
+        return _tile_operator("multiply", other, self)
+
+    def __truediv__(self, other):
+        return _tile_operator("divide", self, other)
+
+    def __rtruediv__(self, other):
+        return _tile_operator("divide", other, self)
+
+    def __pow__(self, other):
+        return _tile_operator("power", self, other)
+
+    def __rpow__(self, other):
+        return _tile_operator("power", other, self)
+
+    def __neg__(self):
+        return _tile_operator("negative", self)
+
+    def __lt__(self, other):
+        return _tile_operator("less", self, other)
+
+    def __le__(self, other):
+        return _tile_operator("less_equal", self, other)
+
+    def __gt__(self, other):
+        return _tile_operator("greater", self, other)
+
+    def __ge__(self, other):
+        return _tile_operator("greater_equal", self, other)
+
     def __setitem__(self, key, value):
         from . import isa  # the language's `t[...] = value` is a copy instruction
         isa.assign(self[key], value)
@@ -254,6 +303,9 @@ class NkiTensor:
 
     def __getitem__(self, key) -> NkiTensor:
         key = key if isinstance(key, tuple) else (key,)
+        if any(getattr(k, "nki_affine", False) for k in key):  # neuronxcc's nl.arange/mgrid indices
+            from .legacy import indexing
+            return indexing.resolve(self, key)
         if sum(k is Ellipsis for k in key) > 1:
             raise NkiValidationError(f"index {key!r}: at most one '...'")
         if Ellipsis in key:
@@ -504,6 +556,15 @@ class Dynamic:
         if _is_register(v):
             return torch.tensor([int(v.value)])
         return v.values().reshape(-1)[:1].to(torch.int64)
+
+
+def _tile_operator(name: str, *operands):
+    """Note [Operators on tiles]: the nl function, in a neuronxcc.nki kernel only."""
+    from . import ops
+    from .program import current
+    if current().launch.dialect != "neuronxcc":
+        return NotImplemented
+    return ops.by_name(name)(*operands)
 
 
 def _is_register(x) -> bool:

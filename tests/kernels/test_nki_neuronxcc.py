@@ -1,0 +1,265 @@
+"""The neuronxcc.nki dialect (NKI 0.1) on the emulated NeuronCore: the forms of nki-samples, the
+SDK's older tutorials and TorchNeuron's NKI tests, and the new toolchain's refusals of them.
+
+Each kernel here is our own, written in the old dialect's style: Python operators on tiles,
+`nl.arange`/`nl.mgrid` indices, `mask=`, `nl.par_dim`, grids given as lists, `nki.jit(mode=...)`,
+`nki.benchmark`, `nki.simulate_kernel`.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import adaptive_eager.nki as new_nki
+import adaptive_eager.nki.language as new_nl
+import adaptive_eager.nki.neuronxcc as nki
+import adaptive_eager.nki.neuronxcc.language as nl
+import adaptive_eager.nki.neuronxcc.typing as nt
+from adaptive_eager.device.nki.errors import NkiValidationError
+
+
+def rand(*shape, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# --- install_neuronxcc(): `from neuronxcc import nki`, never over a real one ---------------------------
+def test_install_neuronxcc_makes_the_neuronxcc_imports_the_emulator_and_uninstall_removes_them():
+    new_nki.install_neuronxcc()
+    try:
+        assert importlib.import_module("neuronxcc").nki is nki
+        assert importlib.import_module("neuronxcc.nki") is nki
+        assert importlib.import_module("neuronxcc.nki.language") is nl
+        assert importlib.import_module("neuronxcc.nki.isa") is new_nki.isa
+        assert importlib.import_module("neuronxcc.nki.typing") is nt
+        from neuronxcc import nki as imported
+        assert imported is nki
+    finally:
+        new_nki.uninstall()
+    assert "neuronxcc" not in sys.modules and "neuronxcc.nki" not in sys.modules
+
+
+def test_install_neuronxcc_refuses_to_shadow_a_real_neuronxcc(monkeypatch):
+    monkeypatch.setitem(sys.modules, "neuronxcc", types.ModuleType("neuronxcc"))
+    with pytest.raises(RuntimeError, match="a real 'neuronxcc' package is installed.*never shadows it"):
+        new_nki.install_neuronxcc()
+
+
+# --- operators on tiles: the old dialect's, a TypeError in nki -----------------------------------------
+@nki.jit
+def scale_shift_kernel(a_input, b_input):
+    out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+    a = nl.load(a_input)
+    b = nl.load(b_input)
+    c = (a * 2.0 + b) / (1.0 - -b) - a ** 2
+    nl.store(out, value=c)
+    return out
+
+
+def test_python_operators_on_tiles_compute_what_the_nl_functions_do():
+    a, b = rand(128, 64), np.abs(rand(128, 64, seed=1))
+    out = scale_shift_kernel(a, b)
+    np.testing.assert_allclose(out, (a * 2.0 + b) / (1.0 + b) - a ** 2, rtol=1e-5, atol=1e-5)
+
+
+def test_operators_on_tiles_are_a_type_error_in_an_nki_kernel_as_in_the_new_toolchain():
+    @new_nki.jit
+    def kernel(a_input):
+        out = new_nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=new_nl.shared_hbm)
+        new_nl.store(out, new_nl.load(a_input) * 2.0)
+        return out
+
+    with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \*: 'NkiTensor' and 'float'"):
+        kernel(rand(128, 64))
+
+
+# --- nl.arange / nl.mgrid indices and grids given as lists -------------------------------------------------
+@nki.jit
+def tiled_add_kernel(a_input, b_input):
+    out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+    ix = nl.program_id(0) * 128 + nl.arange(128)[:, None]
+    iy = nl.program_id(1) * 256 + nl.arange(256)[None, :]
+    nl.store(out[ix, iy], value=nl.load(a_input[ix, iy]) + nl.load(b_input[ix, iy]))
+    return out
+
+
+def test_arange_indices_address_each_programs_tile_of_a_grid_given_as_a_list():
+    a, b = rand(256, 512, dtype=np.float16), rand(256, 512, dtype=np.float16, seed=1)
+    out = tiled_add_kernel[[2, 2]](a, b)
+    np.testing.assert_array_equal(out, a + b)
+
+
+def test_a_grid_given_as_a_list_is_refused_by_nki_jit():
+    kernel = new_nki.jit(lambda a: a)
+    with pytest.raises(TypeError, match=r"kernel\[...\] takes the grid as ints"):
+        kernel[[2, 2]]
+
+
+@nki.jit
+def transpose_within_partitions_kernel(in_tensor, rows: int, cols: int):
+    out = nl.ndarray(in_tensor.shape, dtype=in_tensor.dtype, buffer=nl.shared_hbm)
+    tile = nl.load(in_tensor)
+    i_p, i_r, i_c = nl.mgrid[0:in_tensor.shape[0], 0:rows, 0:cols]
+    moved = nl.ndarray((nl.par_dim(in_tensor.shape[0]), rows * cols), dtype=in_tensor.dtype)
+    moved[i_p, i_c * rows + i_r] = nl.copy(tile[i_p, i_r * cols + i_c])
+    nl.store(out, value=moved)
+    return out
+
+
+def test_affine_index_expressions_move_elements_within_each_partition():
+    a = np.arange(5 * 12, dtype=np.int32).reshape(5, 12)
+    out = transpose_within_partitions_kernel(a, 3, 4)
+    np.testing.assert_array_equal(out, a.reshape(5, 3, 4).transpose(0, 2, 1).reshape(5, 12))
+
+
+def test_an_index_across_partitions_of_an_on_chip_tile_is_refused():
+    @nki.jit
+    def kernel(a_input):
+        tile = nl.load(a_input)
+        i_p, i_f = nl.mgrid[0:8, 0:8]
+        nl.copy(tile[i_f, i_p])
+
+    with pytest.raises(NkiValidationError, match="partition dim .dim 0. must be indexed by the result's first dim"):
+        kernel(rand(8, 8))
+
+
+# --- mask= --------------------------------------------------------------------------------------------
+@nki.jit
+def masked_row_softmax_kernel(a_tensor):
+    out = nl.ndarray(a_tensor.shape, dtype=a_tensor.dtype, buffer=nl.shared_hbm)
+    ix = nl.arange(128)[:, None]
+    iy = nl.arange(a_tensor.shape[1])[None, :]
+    rows = a_tensor.shape[0]
+    for i in nl.affine_range((rows + 127) // 128):
+        tile = nl.load(a_tensor[i * 128 + ix, iy], mask=(i * 128 + ix < rows))
+        peak = nl.max(tile, axis=[1], keepdims=True, mask=(i * 128 + ix < rows))
+        e = nl.exp(nl.subtract(tile, peak, mask=(i * 128 + ix < rows)))
+        nl.store(out[i * 128 + ix, iy], value=e / nl.sum(e, axis=[1]), mask=(i * 128 + ix < rows))
+    return out
+
+
+def test_a_mask_keeps_loads_math_and_stores_inside_a_tensor_whose_rows_do_not_fill_the_tiles():
+    a = rand(200, 64)
+    out = masked_row_softmax_kernel(a)
+    np.testing.assert_allclose(out, torch.softmax(torch.from_numpy(a), dim=1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@nki.jit
+def masked_square_kernel(in_tensor):
+    out = nl.ndarray((64, 256), dtype=in_tensor.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(128)[:, None]
+    i_f = nl.arange(512)[None, :]
+    tile = nl.load(in_tensor[i_p, i_f])
+    squared = nl.square(tile, mask=((i_p < 64) & (i_f < 256)))
+    nl.store(out[i_p, i_f], squared[i_p, i_f], mask=((i_p < 64) & (i_f < 256)))
+    return out
+
+
+def test_a_mask_of_two_bounds_computes_and_stores_the_corner_it_keeps():
+    a = rand(128, 512)
+    np.testing.assert_allclose(masked_square_kernel(a), np.square(a[:64, :256]), rtol=1e-6)
+
+
+def test_an_index_past_a_tensors_end_without_a_mask_raises_naming_the_dim_and_the_fix():
+    @nki.jit
+    def kernel(a_input):
+        out = nl.ndarray((128, 64), dtype=a_input.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a_input[nl.arange(128)[:, None], nl.arange(64)[None, :]]))
+        return out
+
+    with pytest.raises(NkiValidationError, match=r"index of dim 0 .* reaches \[0, 127\], outside \[0, 100\).*mask="):
+        kernel(rand(100, 64))
+
+
+# --- nl.par_dim ------------------------------------------------------------------------------------
+def test_par_dim_first_is_the_partition_dim_and_block_dimensions_are_refused():
+    @nki.jit
+    def kernel(a_input, blocks: bool):
+        shape = (2, nl.par_dim(128), 64) if blocks else (nl.par_dim(128), 64)
+        tile = nl.ndarray(shape, dtype=a_input.dtype, buffer=nl.sbuf)
+        tile[...] = nl.load(a_input)
+        out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+        nl.store(out, tile)
+        return out
+
+    a = rand(128, 64)
+    np.testing.assert_array_equal(kernel(a, False), a)
+    with pytest.raises(NkiValidationError, match="block dimensions .dims before nl.par_dim.*Python list of tiles"):
+        kernel(a, True)
+
+
+# --- the entry points: jit(mode=...), benchmark, simulate_kernel, baremetal -------------------------------
+def test_benchmark_reports_the_modelled_latency_at_every_percentile():
+    kernel = nki.benchmark(warmup=2, iters=5)(scale_shift_kernel)
+    a, b = rand(128, 64), np.abs(rand(128, 64, seed=1))
+    out = kernel(a, b)
+    np.testing.assert_allclose(out, scale_shift_kernel(a, b))
+    latency = kernel.benchmark_result.nc_latency
+    expected = new_nki.profile(scale_shift_kernel, a, b).total_us
+    assert latency.get_latency_percentile(50) == latency.get_latency_percentile(99) == pytest.approx(expected)
+    with pytest.raises(NkiValidationError, match=r"available percentiles are \[0, 1, 10, 25, 50, 90, 99, 100\]"):
+        latency.get_latency_percentile(33)
+
+
+def test_jit_modes_simulate_kernel_and_baremetal_run_on_numpy_and_refuse_framework_tensors():
+    a, b = rand(128, 64), np.abs(rand(128, 64, seed=1))
+    expected = scale_shift_kernel(a, b)
+    np.testing.assert_array_equal(nki.jit(mode="simulation")(scale_shift_kernel.fn)(a, b), expected)
+    np.testing.assert_array_equal(nki.simulate_kernel(scale_shift_kernel, a, b), expected)
+    np.testing.assert_array_equal(nki.baremetal(save_neff_name="file.neff")(scale_shift_kernel)(a, b), expected)
+    with pytest.raises(TypeError, match="takes numpy arrays, got torch.Tensor"):
+        nki.baremetal(scale_shift_kernel)(torch.from_numpy(a), torch.from_numpy(b))
+    with pytest.raises(NkiValidationError, match="the mode must be one of auto, jax, torchxla"):
+        nki.jit(mode="fast")
+
+
+def test_nki_jit_refuses_the_old_mode_parameter_naming_the_fix():
+    with pytest.raises(TypeError, match="nki.jit has no mode since NKI 0.3.0.*neuronxcc.nki.jit"):
+        new_nki.jit(mode="simulation")
+
+
+def test_a_kernel_called_from_a_kernel_runs_inline_in_the_callers_program():
+    @nki.jit(mode="trace")
+    def double_tile(tile):
+        return tile * 2.0
+
+    @nki.jit
+    def kernel(a_input):
+        out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+        nl.store(out, double_tile(nl.load(a_input)))
+        return out
+
+    a = rand(128, 64)
+    np.testing.assert_array_equal(kernel(a), a * 2.0)
+
+
+# --- the old dialect's own forms inside an nki (new) kernel: the new compiler's refusal -------------------
+@pytest.mark.parametrize("form", ["arange", "mask"])
+def test_old_dialect_forms_inside_an_nki_kernel_are_refused_as_the_nki_compiler_does(form):
+    @new_nki.jit
+    def kernel(a_input):
+        if form == "arange":
+            return a_input[nl.arange(4)[:, None], 0]
+        tile = new_nl.load(a_input)
+        new_nl.exp(tile, mask=nl.arange(128)[:, None] < 64)
+
+    with pytest.raises(NkiValidationError, match=r"is neuronxcc.nki \(the old dialect\) inside an nki.jit kernel"):
+        kernel(rand(128, 64))
+
+
+# --- TorchNeuron's style: a mutable output, a 1-D tensor and a scalar, on neuron tensors ---------------
+def test_a_kernel_writing_its_mutable_argument_runs_on_neuron_tensors():
+    @nki.jit
+    def tensor_scale(x, y: nt.mutable_tensor, scale):
+        x_tile = nl.load(x[0:128])
+        nl.store(y[0:128], value=x_tile * scale)
+        return y
+
+    x = torch.randn(128)
+    y = torch.empty(128, device="neuron")
+    tensor_scale(x.to("neuron"), y, 2.5)
+    torch.testing.assert_close(y.cpu(), x * 2.5)
