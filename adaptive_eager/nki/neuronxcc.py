@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import sys
 
-from adaptive_eager.device.nki import isa
+from adaptive_eager.device.nki import constants as _constants
 from adaptive_eager.device.nki import nki_typing as typing
-from adaptive_eager.device.nki.legacy import (BenchmarkKernel, baremetal, benchmark, jit, language,
+from adaptive_eager.device.nki.legacy import (BenchmarkKernel, baremetal, benchmark, isa, jit, language,
                                               simulate_kernel, tensor)
 
-SUBMODULES = {"language": language, "isa": isa, "typing": typing}
+SUBMODULES = {"language": language, "isa": isa, "isa.constants": _constants, "typing": typing}
 for _name, _module in SUBMODULES.items():
     sys.modules[f"{__name__}.{_name}"] = _module
 

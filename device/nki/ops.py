@@ -149,7 +149,9 @@ _NUMPY = {np.add: add, np.subtract: subtract, np.multiply: multiply, np.divide: 
           np.left_shift: left_shift, np.right_shift: right_shift, np.invert: invert, np.exp: exp, np.log: log,
           np.tanh: tanh, np.abs: abs, np.absolute: abs, np.sqrt: sqrt, np.square: square, np.sin: sin,
           np.arctan: arctan, np.sign: sign, np.reciprocal: reciprocal, np.negative: negative,
-          np.logical_and: logical_and, np.logical_or: logical_or, np.logical_xor: logical_xor}
+          np.logical_and: logical_and, np.logical_or: logical_or, np.logical_xor: logical_xor,
+          # reductions name numpy's reducing functions (neuronxcc's tensor_reduce(np.max, ...))
+          np.max: maximum, np.amax: maximum, np.min: minimum, np.amin: minimum}
 
 
 def by_name(name: str) -> Operator:

@@ -261,6 +261,15 @@ class NkiTensor:
     def __ge__(self, other):
         return _tile_operator("greater_equal", self, other)
 
+    def __iadd__(self, other):  # psum += nisa.nc_matmul(...): accumulates in place, in the old dialect
+        return _tile_operator("add", self, other, in_place=True)
+
+    def __isub__(self, other):
+        return _tile_operator("subtract", self, other, in_place=True)
+
+    def __imul__(self, other):
+        return _tile_operator("multiply", self, other, in_place=True)
+
     def __setitem__(self, key, value):
         from . import isa  # the language's `t[...] = value` is a copy instruction
         isa.assign(self[key], value)
@@ -558,13 +567,13 @@ class Dynamic:
         return v.values().reshape(-1)[:1].to(torch.int64)
 
 
-def _tile_operator(name: str, *operands):
+def _tile_operator(name: str, *operands, in_place: bool = False):
     """Note [Operators on tiles]: the nl function, in a neuronxcc.nki kernel only."""
-    from . import ops
     from .program import current
     if current().launch.dialect != "neuronxcc":
         return NotImplemented
-    return ops.by_name(name)(*operands)
+    from .legacy import operators
+    return operators.apply(name, operands, in_place)
 
 
 def _is_register(x) -> bool:

@@ -18,6 +18,7 @@ import torch
 import adaptive_eager.nki as new_nki
 import adaptive_eager.nki.language as new_nl
 import adaptive_eager.nki.neuronxcc as nki
+import adaptive_eager.nki.neuronxcc.isa as nisa
 import adaptive_eager.nki.neuronxcc.language as nl
 import adaptive_eager.nki.neuronxcc.typing as nt
 from adaptive_eager.device.nki.errors import NkiValidationError
@@ -34,7 +35,7 @@ def test_install_neuronxcc_makes_the_neuronxcc_imports_the_emulator_and_uninstal
         assert importlib.import_module("neuronxcc").nki is nki
         assert importlib.import_module("neuronxcc.nki") is nki
         assert importlib.import_module("neuronxcc.nki.language") is nl
-        assert importlib.import_module("neuronxcc.nki.isa") is new_nki.isa
+        assert importlib.import_module("neuronxcc.nki.isa") is nki.isa
         assert importlib.import_module("neuronxcc.nki.typing") is nt
         from neuronxcc import nki as imported
         assert imported is nki
@@ -91,6 +92,7 @@ def test_arange_indices_address_each_programs_tile_of_a_grid_given_as_a_list():
     a, b = rand(256, 512, dtype=np.float16), rand(256, 512, dtype=np.float16, seed=1)
     out = tiled_add_kernel[[2, 2]](a, b)
     np.testing.assert_array_equal(out, a + b)
+    np.testing.assert_array_equal(tiled_add_kernel[nl.spmd_dim(2, nl.nc(1)), 2](a, b), a + b)
 
 
 def test_a_grid_given_as_a_list_is_refused_by_nki_jit():
@@ -190,6 +192,53 @@ def test_par_dim_first_is_the_partition_dim_and_block_dimensions_are_refused():
     np.testing.assert_array_equal(kernel(a, False), a)
     with pytest.raises(NkiValidationError, match="block dimensions .dims before nl.par_dim.*Python list of tiles"):
         kernel(a, True)
+
+
+# --- instructions that return their result tile ------------------------------------------------------
+@nki.jit
+def accumulating_matmul_kernel(lhsT, rhs):
+    K, M = lhsT.shape
+    result = nl.ndarray((M, rhs.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    res_psum = nl.zeros((M, rhs.shape[1]), nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(K // 128):
+        lhs_tile = nl.load(lhsT[k * 128:(k + 1) * 128, :])
+        rhs_tile = nl.load(rhs[k * 128:(k + 1) * 128, :])
+        res_psum += nisa.nc_matmul(lhs_tile, rhs_tile)
+    scaled = nisa.tensor_scalar(res_psum, np.multiply, 0.5, op1=np.add, operand1=1.0)
+    row_max = nisa.tensor_reduce(np.max, scaled, axis=(1,), keepdims=True)
+    nl.store(result, value=nisa.activation(op=nl.exp, data=scaled, bias=nisa.tensor_copy(row_max) * -1.0))
+    return result
+
+
+def test_old_instructions_return_their_tile_and_plus_equals_accumulates_into_psum():
+    lhsT, rhs = rand(256, 64), rand(256, 96, seed=1)
+    scaled = (lhsT.T.astype(np.float64) @ rhs) * 0.5 + 1.0
+    expected = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(accumulating_matmul_kernel(lhsT, rhs), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_plus_equals_on_a_tile_is_a_type_error_in_an_nki_kernel():
+    @new_nki.jit
+    def kernel(a_input):
+        tile = new_nl.load(a_input)
+        tile += tile
+
+    with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \+="):
+        kernel(rand(128, 64))
+
+
+@nki.jit
+def gather_every_other_row_kernel(data_tensor):
+    out = nl.ndarray((64, data_tensor.shape[1]), dtype=data_tensor.dtype, buffer=nl.shared_hbm)
+    grid = nl.mgrid[0:64, 0:data_tensor.shape[1]]
+    rows = nisa.iota(2 * nl.arange(64)[:, None] + 1, dtype=np.int32)
+    nl.store(out[grid.p, grid.x], value=nl.load(data_tensor[rows, grid.x]))
+    return out
+
+
+def test_iota_of_an_index_expression_and_an_index_tile_gather_rows():
+    a = rand(128, 32)
+    np.testing.assert_array_equal(gather_every_other_row_kernel(a), a[1::2])
 
 
 # --- the entry points: jit(mode=...), benchmark, simulate_kernel, baremetal -------------------------------

@@ -163,7 +163,22 @@ class _MGrid:
             if k.stop <= start:
                 raise NkiValidationError(f"nl.mgrid slice {start}:{k.stop} at dim {d} is empty")
             out.append(Affine({Range(int(k.stop) - start, d, len(key)): 1}, start))
-        return out[0] if len(out) == 1 else tuple(out)
+        return out[0] if len(out) == 1 else Grid(out)
+
+
+class Grid(tuple):
+    """nl.mgrid's result: unpacks as a tuple (i_p, i_f = nl.mgrid[...]) or names its ranges
+    (grid.p, then grid.x, grid.y, grid.z for the free dims)."""
+
+    p = property(lambda self: self[0])
+    x = property(lambda self: self._free(1))
+    y = property(lambda self: self._free(2))
+    z = property(lambda self: self._free(3))
+
+    def _free(self, d: int):
+        if d >= len(self):
+            raise NkiValidationError(f"this nl.mgrid has {len(self)} dims: no range {'pxyz'[d]!r}")
+        return self[d]
 
 
 mgrid = _MGrid()
@@ -190,6 +205,9 @@ class PendingAccess:
 def resolve(t: NkiTensor, key: tuple, bounds=None, strict: bool = False):
     """t[key] for a key holding index expressions: an exact strided view, or (not strict, out
     of bounds) a PendingAccess for a masked instruction to cut down."""
+    indirect = bool(key) and isinstance(key[0], NkiTensor)
+    if indirect:  # a[idx_tile, i_f]: row p of the result is row idx_tile[p] of a (a vector-offset DMA)
+        t, key = _indirect_rows(t, key)
     key = tuple(_as_affine(k, d, t) for d, k in enumerate(key))
     if len(key) > t.ndim:
         raise NkiValidationError(f"too many indices for tensor {t.name!r} of shape {t.shape}: {len(key)}")
@@ -218,6 +236,8 @@ def resolve(t: NkiTensor, key: tuple, bounds=None, strict: bool = False):
         shape[pos] = hi - lo
         offset += lo * strides[pos]
     for d, k in enumerate(key):
+        if d == 0 and indirect:  # the rows are read at run time, and checked by the DMA then
+            continue
         low, high = k.extent(cut)
         if low < 0 or high >= t.shape[d] or any(n <= 0 for n in shape):
             problem = (f"index of dim {d} of {t.name or 'tensor'!r} {t.shape} reaches [{low}, {high}], outside "
@@ -227,6 +247,20 @@ def resolve(t: NkiTensor, key: tuple, bounds=None, strict: bool = False):
             full = tuple(by_pos[p].n if p in by_pos else 1 for p in range(rank))
             return PendingAccess(t, key, problem, full)
     return t._view(shape, strides, offset)
+
+
+def _indirect_rows(t: NkiTensor, key: tuple):
+    """t[idx_tile, ...] as nki's t.vector_select(0, idx_tile), with dim 0 of the result the
+    index tile's partitions (a vector offset replaces dim 0's stride)."""
+    idx = key[0]
+    if t.on_chip or not idx.on_chip:
+        raise NkiValidationError(f"an index tile selects rows of an HBM tensor by an SBUF tile of row numbers; got "
+                                 f"{idx.describe()} indexing {t.describe()}")
+    if idx.free_size != 1:
+        raise NkiValidationError(f"an index tile gives one row number per partition: shape (n, 1), got {idx.shape}")
+    rank = max([r.rank for k in key[1:] if isinstance(k, Affine) for r in k.terms] + [2])
+    rows = Affine({Range(idx.partitions, 0, rank): 1}, 0)
+    return t.vector_select(0, idx), (rows,) + tuple(key[1:])
 
 
 def _as_affine(k, d: int, t: NkiTensor):

@@ -111,6 +111,32 @@ def nc(n: int) -> int:
     return int(n)
 
 
+def spmd_dim(*sizes) -> int:
+    """nl.spmd_dim(4, nl.nc(2)): one grid dim of the sizes' product (spread as nl.nc says)."""
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    return n
+
+
+class fp32:  # noqa: N801 (the old dialect's name)
+    """nl.fp32.min: the most negative float32 (bit pattern 0xff7fffff)."""
+
+    min = -3.4028234663852886e38  # noqa: A003
+
+
+@_old("rand")
+def rand(shape, dtype=_nl.float32, **kwargs):
+    """nl.rand: float32 unless told (the old signature's default)."""
+    return _nl.rand(_shape(shape, "nl.rand"), dtype, _memory(kwargs.get("buffer")), kwargs.get("name", ""))
+
+
+@_old("static_cast")
+def static_cast(arr, dtype):
+    """A copy of a tile in another dtype."""
+    return _nl.copy_tile(arr, dtype)
+
+
 # --- movement and math with mask= ---------------------------------------------------------------------
 def _maskable(name: str, fn):
     @functools.wraps(fn)
