@@ -8,6 +8,7 @@ independent memories, so the partition dimension is always dim 0 of an on-chip v
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -260,6 +261,19 @@ class NkiTensor:
 
     def __ge__(self, other):
         return _tile_operator("greater_equal", self, other)
+
+    def __getattr__(self, name):
+        """Note [Old tensor methods]: in a neuronxcc.nki kernel a tile also has the old
+        `nki.tensor`'s methods (legacy/tensor_methods.py); anywhere else they do not exist,
+        as on nki's NkiTensor."""
+        from .program import current
+        if not name.startswith("_") and current().launch.dialect == "neuronxcc":
+            from .legacy import tensor_methods
+            if name in tensor_methods.METHODS:
+                return functools.partial(tensor_methods.METHODS[name], self)
+            if name in tensor_methods.PROPERTIES:
+                return tensor_methods.PROPERTIES[name](self)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __iadd__(self, other):  # psum += nisa.nc_matmul(...): accumulates in place, in the old dialect
         return _tile_operator("add", self, other, in_place=True)

@@ -177,21 +177,79 @@ def test_an_index_past_a_tensors_end_without_a_mask_raises_naming_the_dim_and_th
         kernel(rand(100, 64))
 
 
-# --- nl.par_dim ------------------------------------------------------------------------------------
-def test_par_dim_first_is_the_partition_dim_and_block_dimensions_are_refused():
-    @nki.jit
-    def kernel(a_input, blocks: bool):
-        shape = (2, nl.par_dim(128), 64) if blocks else (nl.par_dim(128), 64)
-        tile = nl.ndarray(shape, dtype=a_input.dtype, buffer=nl.sbuf)
-        tile[...] = nl.load(a_input)
-        out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
-        nl.store(out, tile)
-        return out
+# --- nl.par_dim and block dimensions ---------------------------------------------------------------
+@nki.jit
+def blocked_row_sums_kernel(a_input):
+    """Loads all row tiles into one block tensor first, then reduces each (nki-samples' style)."""
+    n_tiles = a_input.shape[0] // 128
+    out = nl.ndarray((a_input.shape[0], 1), dtype=a_input.dtype, buffer=nl.shared_hbm)
+    tiles = nl.ndarray((n_tiles, nl.par_dim(128), a_input.shape[1]), dtype=a_input.dtype, buffer=nl.sbuf)
+    i_p, i_f = nl.mgrid[0:128, 0:a_input.shape[1]]
+    for t in nl.affine_range(n_tiles):
+        tiles[t, i_p, i_f] = nl.load(a_input[t * 128 + i_p, i_f])
+    for t in nl.affine_range(n_tiles):
+        nl.store(out[t * 128:(t + 1) * 128, :], nl.sum(tiles[t], axis=[1]))
+    return out
 
-    a = rand(128, 64)
-    np.testing.assert_array_equal(kernel(a, False), a)
-    with pytest.raises(NkiValidationError, match="block dimensions .dims before nl.par_dim.*Python list of tiles"):
-        kernel(a, True)
+
+def test_block_dimensions_before_par_dim_are_a_list_of_tiles_indexed_by_block_first():
+    a = rand(384, 64)
+    np.testing.assert_allclose(blocked_row_sums_kernel(a), a.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
+def test_a_block_tensor_indexed_across_blocks_raises_naming_the_fix():
+    @nki.jit
+    def kernel(a_input):
+        tiles = nl.ndarray((2, nl.par_dim(128), 64), dtype=a_input.dtype, buffer=nl.sbuf)
+        nl.load(a_input)  # a tile, then a view across the block dim, which is no tile
+        return tiles[0:2, 0]
+
+    with pytest.raises(NkiValidationError, match=r"index its block dims with ints first"):
+        kernel(rand(128, 64))
+
+
+# --- the old nki.tensor's methods, reductions over any free axes, 1-D loads --------------------------------
+@nki.jit
+def window_mean_kernel(in_tensor, pool: int):
+    """Average pooling over (pool x pool) windows of each partition's (H, W) image."""
+    p, h, w = in_tensor.shape
+    out = nl.ndarray((p, h // pool, w // pool), dtype=in_tensor.dtype, buffer=nl.shared_hbm)
+    i0, i1, i2, i3, i4 = nl.mgrid[0:p, 0:h // pool, 0:pool, 0:w // pool, 0:pool]
+    tile = nl.load(in_tensor)
+    sums = nl.sum(tile[i0, pool * i1 + i2, pool * i3 + i4], axis=[2, 4])
+    nl.store(out, value=sums.astype(nl.float32) / (pool * pool))
+    return out
+
+
+def test_a_reduction_over_free_axes_that_are_not_the_last_moves_them_by_a_view():
+    a = rand(4, 6, 8)
+    np.testing.assert_allclose(window_mean_kernel(a, 2), a.reshape(4, 3, 2, 4, 2).mean(axis=(2, 4)), rtol=1e-5,
+                               atol=1e-6)
+
+
+@nki.jit
+def column_scale_kernel(a_input, column_scale):
+    out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+    scale = nl.load(column_scale)  # 1-D: a column of one value per partition
+    row = nl.load(column_scale.reshape((1, a_input.shape[0])))
+    assert scale.shape == (a_input.shape[0], 1) and row.itemsize == 4
+    wide = row.broadcast_to((a_input.shape[0], a_input.shape[0]))
+    nl.store(out, value=nl.load(a_input) * scale + wide.assert_shape((a_input.shape[0], a_input.shape[0])))
+    return out
+
+
+def test_a_1d_load_is_a_column_and_tiles_have_the_old_tensor_methods():
+    a, s = rand(64, 64), rand(64, seed=1)
+    np.testing.assert_allclose(column_scale_kernel(a, s), a * s[:, None] + s[None, :], rtol=1e-5, atol=1e-6)
+
+
+def test_the_old_tensor_methods_do_not_exist_on_an_nki_kernels_tiles():
+    @new_nki.jit
+    def kernel(a_input):
+        return new_nl.load(a_input).broadcast_to((128, 64))
+
+    with pytest.raises(AttributeError, match="'NkiTensor' object has no attribute 'broadcast_to'"):
+        kernel(rand(1, 64))
 
 
 # --- instructions that return their result tile ------------------------------------------------------
@@ -239,6 +297,23 @@ def gather_every_other_row_kernel(data_tensor):
 def test_iota_of_an_index_expression_and_an_index_tile_gather_rows():
     a = rand(128, 32)
     np.testing.assert_array_equal(gather_every_other_row_kernel(a), a[1::2])
+
+
+@nki.jit
+def transposed_prefix_sum_kernel(a_input):
+    """Loads a transposed (in bfloat16), then scans each partition: r[i] = 1 * r[i-1] + x[i]."""
+    out = nl.ndarray((a_input.shape[1], a_input.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    xt = nl.load_transpose2d(a_input, dtype=nl.bfloat16)
+    ones = nl.full(xt.shape, 1.0, dtype=nl.float32)
+    nl.store(out, value=nisa.tensor_tensor_scan(ones, xt, initial=0.0, op0=np.multiply, op1=np.add,
+                                                dtype=nl.float32))
+    return out
+
+
+def test_load_transpose2d_casts_and_tensor_tensor_scan_returns_its_tile():
+    a = rand(32, 16)
+    expected = np.cumsum(torch.from_numpy(a.T).to(torch.bfloat16).float().numpy(), axis=1)
+    np.testing.assert_allclose(transposed_prefix_sum_kernel(a), expected, rtol=1e-5, atol=1e-5)
 
 
 # --- the entry points: jit(mode=...), benchmark, simulate_kernel, baremetal -------------------------------

@@ -15,6 +15,7 @@ from ..program import current
 from ..tensor import PSUM, SBUF, NkiTensor
 from . import masking as _masking
 from .indexing import Affine
+from .language import any_axes as _any_axes
 
 
 def _new(shape, dtype, buffer=SBUF) -> NkiTensor:
@@ -71,7 +72,14 @@ def _reciprocal(data, dtype=None, **kwargs):
 
 
 def _tensor_reduce(op, data, axis, dtype=None, negate=False, keepdims=False, **kwargs):
-    return _nl._reduce(op, data, axis, dtype, keepdims, negate)
+    return _any_axes(lambda x, a, keepdims: _nl._reduce(op, x, a, dtype, keepdims, negate))(data, axis,
+                                                                                             keepdims=keepdims)
+
+
+def _tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, dtype=None, **kwargs):
+    out = _new(data0.shape, dtype or _wider(data0, data1))
+    _isa.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0=reverse0, reverse1=reverse1)
+    return out
 
 
 def _tensor_scalar_reduce(data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None, **kwargs):
@@ -161,6 +169,7 @@ activation = _returning("activation", _activation)
 tensor_copy = _returning("tensor_copy", _tensor_copy)
 reciprocal = _returning("reciprocal", _reciprocal)
 tensor_reduce = _returning("tensor_reduce", _tensor_reduce)
+tensor_tensor_scan = _returning("tensor_tensor_scan", _tensor_tensor_scan)
 tensor_scalar_reduce = _returning("tensor_scalar_reduce", _tensor_scalar_reduce)
 nc_matmul = _returning("nc_matmul", _nc_matmul)
 nc_transpose = _returning("nc_transpose", _nc_transpose)

@@ -3,7 +3,7 @@
 Every name of nki.language is here too (module __getattr__), the same object, so an operator
 passed to an instruction (`op=nl.add`) is the one the instructions know. What the old dialect
 adds or spells differently: `nl.par_dim`, `nl.arange`/`nl.mgrid` indices (indexing.py),
-`mask=` on the tile-level functions (masking.py), memories given as strings or left out
+`mask=` on the tile-level functions (masking.py), block dimensions (blocks.py), memories given as strings or left out
 (`buffer=None` is SBUF), launch-grid helpers (`nl.nc`). The old forms refuse to run inside
 an nki (new) kernel, as the new compiler refuses neuronxcc.nki inside its kernels.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 
+from .. import isa as _isa
 from .. import language as _nl
 from ..errors import NkiValidationError
+from . import blocks as _blocks
 from . import masking as _masking
 from .indexing import arange as _arange
 from .indexing import mgrid as _mgrid
@@ -22,22 +24,29 @@ _MEMORIES = {"sbuf": _nl.sbuf, "psum": _nl.psum, "hbm": _nl.hbm, "private_hbm": 
 
 
 class par_dim(int):  # noqa: N801 (the old dialect's name)
-    """nl.par_dim(n): marks a dim of a shape as the partition dim, which must be the first:
-    dims before it (block dimensions) are refused, as by the current toolchain (see _shape)."""
+    """nl.par_dim(n): marks a dim of a shape as the partition dim; dims before it are blocks
+    (blocks.py)."""
 
     def __repr__(self):
         return f"nl.par_dim({int(self)})"
 
 
-def _shape(shape, what: str) -> tuple[int, ...]:
+def _split(shape, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(block dims, tile shape) of a shape that may mark its partition dim with nl.par_dim."""
     shape = tuple(shape)
     marked = [d for d, n in enumerate(shape) if isinstance(n, par_dim)]
-    if marked and marked[0] != 0:
-        raise NkiValidationError(
-            f"{what}: shape {shape} has block dimensions (dims before nl.par_dim), which the Neuron SDK no longer "
-            f"supports: make the partition dim the first and hold the blocks in a Python list of tiles "
-            f"(the NKI migration guide's 'Removing block dimensions from NKI kernels')")
-    return tuple(int(n) for n in shape)
+    if len(marked) > 1:
+        raise NkiValidationError(f"{what}: shape {shape} marks {len(marked)} dims with nl.par_dim; mark one")
+    first = marked[0] if marked else 0
+    return tuple(int(n) for n in shape[:first]), tuple(int(n) for n in shape[first:])
+
+
+def _allocate(shape, what: str, make, buffer=None):
+    """make(tile_shape) for a plain shape; a BlockTensor of such tiles for one with blocks."""
+    blocks, tile = _split(shape, what)
+    if not blocks or _nl.is_hbm(_memory(buffer)):  # HBM has no partitions: par_dim marks nothing there
+        return make(tile)
+    return _blocks.allocate(blocks, lambda b: make(tile))
 
 
 def _memory(buffer):
@@ -64,22 +73,22 @@ def _old(what: str):
 # --- memories and shapes --------------------------------------------------------------------------
 @_old("ndarray")
 def ndarray(shape, dtype, buffer=None, name="", **kwargs):
-    return _nl.ndarray(_shape(shape, "nl.ndarray"), dtype, _memory(buffer), name, **kwargs)
+    return _allocate(shape, "nl.ndarray", lambda s: _nl.ndarray(s, dtype, _memory(buffer), name, **kwargs), buffer)
 
 
 @_old("zeros")
 def zeros(shape, dtype, buffer=None, name="", **kwargs):
-    return _nl.zeros(_shape(shape, "nl.zeros"), dtype, _memory(buffer), name)
+    return _allocate(shape, "nl.zeros", lambda s: _nl.zeros(s, dtype, _memory(buffer), name), buffer)
 
 
 @_old("ones")
 def ones(shape, dtype, buffer=None, name="", **kwargs):
-    return _nl.ones(_shape(shape, "nl.ones"), dtype, _memory(buffer), name)
+    return _allocate(shape, "nl.ones", lambda s: _nl.ones(s, dtype, _memory(buffer), name), buffer)
 
 
 @_old("full")
 def full(shape, fill_value, dtype, buffer=None, name="", **kwargs):
-    return _nl.full(_shape(shape, "nl.full"), fill_value, dtype, _memory(buffer), name)
+    return _allocate(shape, "nl.full", lambda s: _nl.full(s, fill_value, dtype, _memory(buffer), name), buffer)
 
 
 @_old("zeros_like")
@@ -128,7 +137,8 @@ class fp32:  # noqa: N801 (the old dialect's name)
 @_old("rand")
 def rand(shape, dtype=_nl.float32, **kwargs):
     """nl.rand: float32 unless told (the old signature's default)."""
-    return _nl.rand(_shape(shape, "nl.rand"), dtype, _memory(kwargs.get("buffer")), kwargs.get("name", ""))
+    buffer = kwargs.get("buffer")
+    return _allocate(shape, "nl.rand", lambda s: _nl.rand(s, dtype, _memory(buffer), kwargs.get("name", "")), buffer)
 
 
 @_old("static_cast")
@@ -145,16 +155,47 @@ def _maskable(name: str, fn):
     return masked
 
 
-load = _maskable("load", _nl.load)
+def _load(src, dtype=None):
+    """nl.load: a 1-D source is a column, its one dim the partition dim (the old dialect puts
+    the partition dim first in every index), where nki's load makes it a row."""
+    if src.ndim == 1:
+        tile = _nl.ndarray((src.shape[0], 1), dtype or src.dtype, _nl.sbuf)
+        _isa.dma_copy(tile, src.expand_dim(1))
+        return tile
+    return _nl.load(src, dtype)
+
+
+load = _maskable("load", _load)
 store = _maskable("store", _nl.store)
-load_transpose2d = _maskable("load_transpose2d", _nl.load_transpose2d)
-sum = _maskable("sum", _nl.sum)  # noqa: A001 (NKI's names)
-max = _maskable("max", _nl.max)  # noqa: A001
-min = _maskable("min", _nl.min)  # noqa: A001
-mean = _maskable("mean", _nl.mean)
-prod = _maskable("prod", _nl.prod)
-var = _maskable("var", _nl.var)
-all = _maskable("all", _nl.all)  # noqa: A001
+def _load_transpose2d(src, dtype=None):
+    """nl.load_transpose2d(src, dtype=): the DMA moves src's dtype; a cast is a copy after."""
+    tile = _nl.load_transpose2d(src)
+    return tile if dtype is None or dtype == tile.dtype else _nl.copy_tile(tile, dtype)
+
+
+load_transpose2d = _maskable("load_transpose2d", _load_transpose2d)
+def any_axes(reduce):
+    """A reduction over any free axes: the old dialect's nl.sum(t, axis=[2, 4]); nki's reduce
+    the trailing free dims, so the others are moved in front by a view first."""
+    @functools.wraps(reduce)
+    def reduced(x, axis, *args, keepdims=False, **kwargs):
+        axes = sorted(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+        kept = [d for d in range(x.ndim) if d not in axes]
+        if not isinstance(x, _nl.NkiTensor) or axes == list(range(x.ndim - len(axes), x.ndim)) or 0 in axes:
+            return reduce(x, axis, *args, keepdims=keepdims, **kwargs)
+        order = kept + axes
+        out = reduce(x.permute(order), list(range(len(kept), x.ndim)), *args, keepdims=keepdims, **kwargs)
+        return out.permute([order.index(d) for d in range(x.ndim)]) if keepdims else out
+    return reduced
+
+
+sum = _maskable("sum", any_axes(_nl.sum))  # noqa: A001 (NKI's names)
+max = _maskable("max", any_axes(_nl.max))  # noqa: A001
+min = _maskable("min", any_axes(_nl.min))  # noqa: A001
+mean = _maskable("mean", any_axes(_nl.mean))
+prod = _maskable("prod", any_axes(_nl.prod))
+var = _maskable("var", any_axes(_nl.var))
+all = _maskable("all", any_axes(_nl.all))  # noqa: A001
 softmax = _maskable("softmax", _nl.softmax)
 transpose = _maskable("transpose", _nl.transpose)
 matmul = _maskable("matmul", _nl.matmul)
