@@ -323,6 +323,9 @@ def _call_operator(op: _ops.Operator, *args, dtype=None, **kwargs):
         # dialect's, refused in an nki kernel (legacy/masking.py)
         from .legacy import masking
         return masking.call(functools.partial(_call_operator, op, dtype=dtype), args, kwargs, mask, f"nl.{op.name}")
+    if op.arity == 2 and len(args) == 2 and current().launch.dialect == "neuronxcc":
+        from .legacy import operators  # the old dialect broadcasts a (1, F) tile across partitions
+        args = operators.across_partitions(*args)
     if op is copy:  # nl.copy(x): a copy of the tile on SBUF
         return copy_tile(args[0], dtype)
     if op.arity == 2:

@@ -316,6 +316,40 @@ def test_load_transpose2d_casts_and_tensor_tensor_scan_returns_its_tile():
     np.testing.assert_allclose(transposed_prefix_sum_kernel(a), expected, rtol=1e-5, atol=1e-5)
 
 
+@nki.jit(mode="simulation")
+def exp_blocks_kernel(a_ptr):
+    """The SDK docs' memory-semantics example: par_dim in an HBM shape marks nothing."""
+    B, N, M = a_ptr.shape
+    loaded = nl.ndarray((B, nl.par_dim(N), M), dtype=a_ptr.dtype, buffer=nl.sbuf)
+    out_ptr = nl.ndarray((B, nl.par_dim(N), M), dtype=a_ptr.dtype, buffer=nl.shared_hbm)
+    for b in nl.affine_range(B):
+        loaded[b] = nl.load(a_ptr[b])
+        nl.store(out_ptr[b], value=nl.exp(loaded[b]))
+    return out_ptr
+
+
+def test_par_dim_in_an_hbm_shape_keeps_every_dim():
+    a = rand(3, 128, 32)
+    out = exp_blocks_kernel(a)
+    assert out.shape == (3, 128, 32)
+    np.testing.assert_allclose(out, np.exp(a), rtol=1e-5)
+
+
+@nki.jit(mode="simulation")
+def row_plus_tile_kernel():
+    """No arguments: simulation mode still returns numpy arrays."""
+    out = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+    row = nl.full((1, 16), 2.0, dtype=nl.float32)
+    nl.store(out, value=nl.add(nl.full((128, 16), 1.0, dtype=nl.float32), row))
+    return out
+
+
+def test_a_one_partition_tile_broadcasts_across_partitions_and_simulation_returns_numpy():
+    out = row_plus_tile_kernel()
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_array_equal(out, np.full((128, 16), 3.0, dtype=np.float32))
+
+
 # --- the entry points: jit(mode=...), benchmark, simulate_kernel, baremetal -------------------------------
 def test_benchmark_reports_the_modelled_latency_at_every_percentile():
     kernel = nki.benchmark(warmup=2, iters=5)(scale_shift_kernel)

@@ -10,6 +10,8 @@ iteration, so every percentile is that time.
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.utils._pytree as pytree
 
 from ..errors import NkiValidationError
 from ..kernel import Kernel, run
@@ -40,6 +42,7 @@ class LegacyKernel(Kernel):
             return self.fn(*args, **kwargs)
         if self.options.get("mode") in ("baremetal", "benchmark", "simulation"):
             _numpy_only(self, args, kwargs)
+            return _as_numpy(super().__call__(*args, **kwargs))
         return super().__call__(*args, **kwargs)
 
 
@@ -95,7 +98,7 @@ class BenchmarkKernel(LegacyKernel):
         _numpy_only(self, args, kwargs)
         result, timeline = run(self, args, kwargs)
         self.benchmark_result = BenchmarkResult(timeline.total_ns / 1000)
-        return result
+        return _as_numpy(result)
 
 
 def benchmark(kernel=None, warmup: int = 10, iters: int = 100, **kwargs):
@@ -111,7 +114,12 @@ def simulate_kernel(kernel, *args, **kwargs):
     if not isinstance(kernel, Kernel):
         kernel = LegacyKernel(kernel)
     _numpy_only(kernel, args, kwargs)
-    return run(kernel, args, kwargs)[0]
+    return _as_numpy(run(kernel, args, kwargs)[0])
+
+
+def _as_numpy(result):
+    """These modes return numpy arrays, also from a kernel given no array to take the kind from."""
+    return pytree.tree_map(lambda x: x.numpy() if isinstance(x, torch.Tensor) else x, result)
 
 
 def _numpy_only(kernel, args, kwargs) -> None:

@@ -44,7 +44,9 @@ def _split(shape, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _allocate(shape, what: str, make, buffer=None):
     """make(tile_shape) for a plain shape; a BlockTensor of such tiles for one with blocks."""
     blocks, tile = _split(shape, what)
-    if not blocks or _nl.is_hbm(_memory(buffer)):  # HBM has no partitions: par_dim marks nothing there
+    if _nl.is_hbm(_memory(buffer)):  # HBM has no partitions: par_dim marks nothing there
+        return make(blocks + tile)
+    if not blocks:
         return make(tile)
     return _blocks.allocate(blocks, lambda b: make(tile))
 
