@@ -96,6 +96,10 @@ class DynamicSlice:
         return f"nl.ds({self.start}, {self.size})"
 
 
+# Note [Old tensor methods]: the names legacy/tensor_methods.py gives tiles in neuronxcc kernels
+_OLD_TENSOR_METHODS = frozenset({"broadcast_to", "astype", "expand_dims", "assert_shape", "itemsize"})
+
+
 class NkiTensor:
     """A view on a Storage. See the NKI language guide, "Tensor Values"."""
 
@@ -266,13 +270,13 @@ class NkiTensor:
         """Note [Old tensor methods]: in a neuronxcc.nki kernel a tile also has the old
         `nki.tensor`'s methods (legacy/tensor_methods.py); anywhere else they do not exist,
         as on nki's NkiTensor."""
-        from .program import current
-        if not name.startswith("_") and current().launch.dialect == "neuronxcc":
-            from .legacy import tensor_methods
-            if name in tensor_methods.METHODS:
+        if name in _OLD_TENSOR_METHODS:  # (any other name: no lookup of the running program)
+            from .program import current
+            if current().launch.dialect == "neuronxcc":
+                from .legacy import tensor_methods
+                if name in tensor_methods.PROPERTIES:
+                    return tensor_methods.PROPERTIES[name](self)
                 return functools.partial(tensor_methods.METHODS[name], self)
-            if name in tensor_methods.PROPERTIES:
-                return tensor_methods.PROPERTIES[name](self)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __iadd__(self, other):  # psum += nisa.nc_matmul(...): accumulates in place, in the old dialect

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import language as _nl
 from ..errors import NkiValidationError
+from ..tensor import _OLD_TENSOR_METHODS
 
 
 def broadcast_to(t, shape):
@@ -28,3 +29,6 @@ def assert_shape(t, shape):
 
 METHODS = {"broadcast_to": broadcast_to, "astype": astype, "expand_dims": expand_dims, "assert_shape": assert_shape}
 PROPERTIES = {"itemsize": lambda t: t.dtype.itemsize}
+
+if set(METHODS) | set(PROPERTIES) != _OLD_TENSOR_METHODS:
+    raise AssertionError("tensor.py's _OLD_TENSOR_METHODS must name exactly legacy/tensor_methods.py's methods")
