@@ -350,6 +350,41 @@ def test_a_one_partition_tile_broadcasts_across_partitions_and_simulation_return
     np.testing.assert_array_equal(out, np.full((128, 16), 3.0, dtype=np.float32))
 
 
+@nki.jit
+def causal_mask_kernel(scores, offset: int):
+    out = nl.ndarray(scores.shape, dtype=scores.dtype, buffer=nl.shared_hbm)
+    i_q, i_k = nl.mgrid[0:scores.shape[0], 0:scores.shape[1]]
+    kept = nisa.affine_select(pred=(offset + i_q >= i_k), on_true_tile=nl.load(scores), on_false_value=-1e4)
+    nl.store(out, value=kept)
+    return out
+
+
+def test_affine_select_keeps_where_a_comparison_of_two_index_ranges_holds():
+    a = rand(64, 96)
+    expected = np.where(np.arange(64)[:, None] + 16 >= np.arange(96)[None, :], a, np.float32(-1e4))
+    np.testing.assert_array_equal(causal_mask_kernel(a, 16), expected)
+
+
+@nki.jit
+def causal_exp_row_sums_kernel(qT, kT):
+    """Scores in PSUM, causally masked straight from PSUM, exp'd with their row sums (flash attention's steps)."""
+    out = nl.ndarray((qT.shape[1], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    scores = nisa.nc_matmul(nl.load(qT), nl.load(kT))
+    i_q, i_k = nl.mgrid[0:qT.shape[1], 0:kT.shape[1]]
+    masked = nisa.affine_select(pred=(i_q >= i_k), on_true_tile=scores, on_false_value=-1e4, dtype=nl.float32)
+    sums = nl.ndarray((qT.shape[1], 1), dtype=nl.float32)
+    nisa.activation_reduce(op=np.exp, data=masked, reduce_op=np.add, reduce_res=sums)
+    nl.store(out, value=sums)
+    return out
+
+
+def test_affine_select_takes_a_psum_tile_and_activation_reduce_returns_its_tile():
+    qT, kT = rand(32, 64) * 0.1, rand(32, 64, seed=1) * 0.1
+    scores = qT.T.astype(np.float64) @ kT
+    expected = np.where(np.tril(np.ones((64, 64), bool)), np.exp(scores), 0.0).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(causal_exp_row_sums_kernel(qT, kT), expected, rtol=1e-4)
+
+
 # --- the entry points: jit(mode=...), benchmark, simulate_kernel, baremetal -------------------------------
 def test_benchmark_reports_the_modelled_latency_at_every_percentile():
     kernel = nki.benchmark(warmup=2, iters=5)(scale_shift_kernel)

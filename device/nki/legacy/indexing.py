@@ -6,8 +6,8 @@ In the old dialect a tile is addressed by affine expressions of index ranges, nu
 ranges, `t[i_p, i_f1 * 4 + i_f2]`) is the strided view whose element (p, f) is
 a[p + 128 * i, f]. Every expression here is affine (a constant plus a coefficient times each
 range), so the view is exact: one stride per result dim, the sum over the indexed dims of the
-coefficient times that dim's stride. Comparisons of an expression with a number make a mask
-(`i_p < 64`), which bounds one range; masking.py applies it.
+coefficient times that dim's stride. Comparisons make predicates (`i_p < 64`, `i_q >= i_k`):
+one that bounds a single range is a mask (masking.py applies it), any is affine_select's.
 """
 from __future__ import annotations
 
@@ -75,18 +75,19 @@ class Affine:
 
     __rmul__ = __mul__
 
-    # --- masks: i_p < 64 -----------------------------------------------------------------------
+    # --- predicates: i_p < 64, i_q >= i_k ----------------------------------------------------------
+    # Each comparison is normalized to `expr < limit`; Python turns `64 > i_p` into `i_p < 64`.
     def __lt__(self, other):
-        return _bound(self, _int(other, "<"))
+        return Predicate(self - other, 0) if isinstance(other, Affine) else Predicate(self, _int(other, "<"))
 
     def __le__(self, other):
-        return _bound(self, _int(other, "<=") + 1)
+        return Predicate(self - other, 1) if isinstance(other, Affine) else Predicate(self, _int(other, "<=") + 1)
 
     def __gt__(self, other):
-        return _bound(-self, -_int(other, ">"))
+        return Predicate(other - self, 0) if isinstance(other, Affine) else Predicate(-self, -_int(other, ">"))
 
     def __ge__(self, other):
-        return _bound(-self, -_int(other, ">=") + 1)
+        return Predicate(other - self, 1) if isinstance(other, Affine) else Predicate(-self, 1 - _int(other, ">="))
 
     def extent(self, ranges=None) -> tuple[int, int]:
         """The smallest and largest value, over each range's [lo, hi) (whole by default)."""
@@ -100,6 +101,23 @@ class Affine:
         return " + ".join([f"{c}*{r}" for r, c in self.terms.items()] + [str(self.const)])
 
 
+class Predicate:
+    """`expr < limit` at every point of expr's ranges: a mask (when it bounds one range) or
+    nisa.affine_select's predicate (any affine expression)."""
+
+    def __init__(self, expr: Affine, limit: int):
+        self.expr, self.limit = expr, limit
+
+    def mask(self) -> Mask:
+        return _bound(self.expr, self.limit)
+
+    def __and__(self, other):
+        return self.mask() & other
+
+    def __rand__(self, other):
+        return self.mask() & other
+
+
 class Mask:
     """A conjunction of bounds, one [lo, hi) per range (`(i_p < 64) & (i_f < 256)`)."""
 
@@ -107,6 +125,7 @@ class Mask:
         self.bounds = bounds
 
     def __and__(self, other):
+        other = other.mask() if isinstance(other, Predicate) else other
         if not isinstance(other, Mask):
             raise NkiValidationError(f"a mask combines with another mask by '&', got {type(other).__name__}")
         bounds = dict(self.bounds)

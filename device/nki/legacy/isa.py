@@ -11,10 +11,11 @@ from __future__ import annotations
 from .. import isa as _isa
 from .. import language as _nl
 from ..dtypes import as_dtype
+from ..errors import NkiValidationError
 from ..program import current
 from ..tensor import PSUM, SBUF, NkiTensor
 from . import masking as _masking
-from .indexing import Affine
+from .indexing import Affine, Predicate
 from .language import any_axes as _any_axes
 
 
@@ -56,6 +57,12 @@ def _activation(op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
     out = _new(data.shape, dtype or data.dtype)
     _isa.activation(out, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
                     reduce_cmd=reduce_cmd)
+    return out
+
+
+def _activation_reduce(op, data, reduce_op, reduce_res, bias=None, scale=1.0, dtype=None, **kwargs):
+    out = _new(data.shape, dtype or data.dtype)
+    _isa.activation_reduce(out, op, data, reduce_op, reduce_res, bias=bias, scale=scale)
     return out
 
 
@@ -139,6 +146,27 @@ def _iota(expr, dtype, **kwargs):
     return out
 
 
+def _affine_select(pred, on_true_tile, on_false_value, dtype=None, **kwargs):
+    """on_true_tile where the predicate holds, else on_false_value: nki.isa.affine_select with
+    the predicate `expr < limit` as `limit - expr > 0`, its ranges the channel multiplier (dim 0)
+    and the pattern (the free dims, by on_true_tile's shape)."""
+    if not isinstance(pred, Predicate):
+        raise NkiValidationError(f"nisa.affine_select: pred must compare index expressions (i_q >= i_k), "
+                                 f"got {type(pred).__name__}; for a tile of booleans use nl.where")
+    value = Affine({}, pred.limit) - pred.expr
+    by_pos = {r.pos if r.pos is not None else 0: c for r, c in value.terms.items()}
+    shape = on_true_tile.shape
+    out = _new(shape, dtype or on_true_tile.dtype)
+    # the old compiler took a PSUM tile here (nki-samples' flash attention passes its scores)
+    # though the GpSimd Engine reads SBUF only: evicted by a copy, priced as one
+    src = on_true_tile
+    if src.dtype != out.dtype or src.buffer == PSUM:
+        src = _nl.copy_tile(on_true_tile, out.dtype)
+    _isa.affine_select(out, [[by_pos.get(d, 0), shape[d]] for d in range(1, len(shape))], by_pos.get(0, 0), src,
+                       on_false_value, cmp_op=_nl.greater, offset=value.const)
+    return out
+
+
 def _max8(src, dtype=None, **kwargs):
     out = _new((src.partitions, 8), dtype or src.dtype)
     _isa.max8(out, src)
@@ -166,6 +194,7 @@ def _dma_copy(dst=None, src=None, dst_rmw_op=None, oob_mode=_isa.oob_mode.error,
 tensor_tensor = _returning("tensor_tensor", _tensor_tensor)
 tensor_scalar = _returning("tensor_scalar", _tensor_scalar)
 activation = _returning("activation", _activation)
+activation_reduce = _returning("activation_reduce", _activation_reduce)
 tensor_copy = _returning("tensor_copy", _tensor_copy)
 reciprocal = _returning("reciprocal", _reciprocal)
 tensor_reduce = _returning("tensor_reduce", _tensor_reduce)
@@ -178,6 +207,7 @@ bn_aggr = _returning("bn_aggr", _bn_aggr)
 memset = _returning("memset", _memset)
 iota = _returning("iota", _iota)
 max8 = _returning("max8", _max8)
+affine_select = _returning("affine_select", _affine_select)
 dma_transpose = _returning("dma_transpose", _dma_transpose)
 dropout = _returning("dropout", _dropout)
 

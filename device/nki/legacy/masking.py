@@ -13,7 +13,7 @@ from .. import isa as _isa
 from ..errors import NkiValidationError
 from ..program import current
 from ..tensor import NkiTensor
-from .indexing import Mask, PendingAccess
+from .indexing import Mask, PendingAccess, Predicate
 
 
 def require_dialect(what: str) -> None:
@@ -38,6 +38,7 @@ def call(fn, args, kwargs, mask, what: str):
     require_dialect(f"{what}(mask=...)" if mask is not None else what)
     if mask is None:
         return fn(*[strict(a) for a in args], **kwargs)
+    mask = mask.mask() if isinstance(mask, Predicate) else mask
     if not isinstance(mask, Mask):
         raise NkiValidationError(f"{what}: mask= takes a comparison of index ranges ((i_p < 64) & (i_f < 256)), "
                                  f"got {type(mask).__name__}")
