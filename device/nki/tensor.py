@@ -290,6 +290,8 @@ class NkiTensor:
 
     def __setitem__(self, key, value):
         from . import isa  # the language's `t[...] = value` is a copy instruction
+        if hasattr(value, "reduce_into"):  # neuronxcc's `t[...] = nl.loop_reduce(x, op, ...)`: t = op(t, x)
+            value = value.reduce_into(self[key])
         isa.assign(self[key], value)
 
     # --- views ------------------------------------------------------------------------------------

@@ -385,6 +385,30 @@ def test_affine_select_takes_a_psum_tile_and_activation_reduce_returns_its_tile(
     np.testing.assert_allclose(causal_exp_row_sums_kernel(qT, kT), expected, rtol=1e-4)
 
 
+@nki.jit
+def transposed_gram_sum_kernel(x, use_mask: bool):
+    """sum over row tiles t of (x_t^T x_t - 1) * x_t^T x_t, in the old flash-attention style: a
+    transpose fed straight to a matmul, a loop_reduce into a two-level block tensor, a bool mask."""
+    n_tiles, d = x.shape[0] // 32, x.shape[1]
+    out = nl.ndarray((d, d), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.zeros((1, 1, nl.par_dim(d), d), dtype=nl.float32, buffer=nl.sbuf)
+    for t in nl.affine_range(n_tiles):
+        x_t = nl.load(x[t * 32:(t + 1) * 32, :])
+        gram = nisa.nc_matmul(nisa.nc_transpose(nisa.nc_transpose(x_t)), x_t, mask=use_mask)
+        term = nisa.scalar_tensor_tensor(data=nl.copy(gram), op0=np.subtract, operand0=1.0, op1=np.multiply,
+                                         operand1=gram)
+        acc[0][0, :, :] = nl.loop_reduce(term, op=np.add, loop_indices=(t,), dtype=nl.float32)
+    nl.store(out, value=acc[0, 0])
+    return out
+
+
+def test_loop_reduce_accumulates_into_the_tile_it_is_assigned_to_across_iterations():
+    x = rand(96, 16) * 0.5
+    grams = [x[t * 32:(t + 1) * 32].T.astype(np.float64) @ x[t * 32:(t + 1) * 32] for t in range(3)]
+    np.testing.assert_allclose(transposed_gram_sum_kernel(x, True), sum((g - 1) * g for g in grams), rtol=1e-4,
+                               atol=1e-4)
+
+
 # --- the entry points: jit(mode=...), benchmark, simulate_kernel, baremetal -------------------------------
 def test_benchmark_reports_the_modelled_latency_at_every_percentile():
     kernel = nki.benchmark(warmup=2, iters=5)(scale_shift_kernel)

@@ -53,9 +53,17 @@ class BlockTensor:
 
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
+        if len(key) < len(self.blocks) and all(isinstance(k, int) for k in key):
+            return self._sub_blocks(key)  # t[b] of a (B1, B2, P, F) tensor: B2 tiles
         tile = self._tile(key)
         rest = key[len(self.blocks):]
         return tile[rest] if rest else tile
+
+    def _sub_blocks(self, key: tuple) -> BlockTensor:
+        inner = self.blocks[len(key):]
+        first = self._tile(key + (0,) * len(inner))
+        start = self.tiles.index(first)
+        return BlockTensor(inner, self.tiles[start:start + math.prod(inner)])
 
     def __setitem__(self, key, value):
         key = key if isinstance(key, tuple) else (key,)

@@ -66,6 +66,13 @@ def _activation_reduce(op, data, reduce_op, reduce_res, bias=None, scale=1.0, dt
     return out
 
 
+def _scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
+                          **kwargs):
+    out = _new(data.shape, dtype or _wider(data, operand1))
+    _isa.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0=reverse0, reverse1=reverse1)
+    return out
+
+
 def _tensor_copy(src, dtype=None, engine=_isa.engine.unknown, **kwargs):
     out = _new(src.shape, dtype or src.dtype)
     _isa.tensor_copy(out, src, engine=engine)
@@ -97,7 +104,10 @@ def _tensor_scalar_reduce(data, op0, operand0, reduce_op, reduce_res, reverse0=F
 
 def _nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
                tile_position=(), tile_size=(), **kwargs):
-    """stationary (K, M) and moving (K, N): the (M, N) product in PSUM, float32."""
+    """stationary (K, M) and moving (K, N): the (M, N) product in PSUM, float32. An operand in
+    PSUM (a Tensor Engine transpose's result, which nki-samples' flash attention backward feeds
+    straight in; the old compiler took it) is evicted to SBUF by a copy, priced as one."""
+    stationary, moving = (_nl.copy_tile(t) if t.buffer == PSUM else t for t in (stationary, moving))
     out = _new((stationary.free_size, moving.free_size), _nl.float32, PSUM)
     _isa.nc_matmul(out, stationary, moving, is_stationary_onezero=is_stationary_onezero,
                    is_moving_onezero=is_moving_onezero, is_transpose=is_transpose, tile_position=tile_position,
@@ -106,13 +116,19 @@ def _nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezer
 
 
 def _nc_transpose(data, dtype=None, engine=_isa.engine.unknown, **kwargs):
-    """The transposed tile: in PSUM from the Tensor Engine, in SBUF from the Vector Engine (which
-    the old default picks for tiles of at most 32 x 32)."""
+    """The transposed tile, in SBUF: from the Vector Engine (the old default for tiles of at
+    most 32 x 32), or from the Tensor Engine through PSUM and a copy out. The copy is what the
+    old compiler inserted for the usual consumer, a matmul, which reads SBUF only; returning
+    the PSUM tile instead holds a PSUM bank as long as the kernel's Python variable lives
+    (nki-samples' flash attention backward then runs out of banks the compiler would reuse)."""
     small = data.partitions <= 32 and data.free_size <= 32
-    on_vector = engine == _isa.engine.vector or (engine == _isa.engine.unknown and small)
-    out = _new((data.free_size, data.partitions), dtype or data.dtype, SBUF if on_vector else PSUM)
-    _isa.nc_transpose(out, data, engine=_isa.engine.vector if on_vector else _isa.engine.tensor)
-    return out
+    if engine == _isa.engine.vector or (engine == _isa.engine.unknown and small):
+        out = _new((data.free_size, data.partitions), dtype or data.dtype, SBUF)
+        _isa.nc_transpose(out, data, engine=_isa.engine.vector)
+        return out
+    staged = _new((data.free_size, data.partitions), data.dtype, PSUM)
+    _isa.nc_transpose(staged, data, engine=_isa.engine.tensor)
+    return _nl.copy_tile(staged, dtype or data.dtype)
 
 
 def _bn_stats(data, dtype=None, **kwargs):
@@ -192,6 +208,7 @@ def _dma_copy(dst=None, src=None, dst_rmw_op=None, oob_mode=_isa.oob_mode.error,
 
 
 tensor_tensor = _returning("tensor_tensor", _tensor_tensor)
+scalar_tensor_tensor = _returning("scalar_tensor_tensor", _scalar_tensor_tensor)
 tensor_scalar = _returning("tensor_scalar", _tensor_scalar)
 activation = _returning("activation", _activation)
 activation_reduce = _returning("activation_reduce", _activation_reduce)

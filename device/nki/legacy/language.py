@@ -13,6 +13,7 @@ import functools
 
 from .. import isa as _isa
 from .. import language as _nl
+from .. import ops as _ops
 from ..errors import NkiValidationError
 from . import blocks as _blocks
 from . import masking as _masking
@@ -203,6 +204,26 @@ transpose = _maskable("transpose", _nl.transpose)
 matmul = _maskable("matmul", _nl.matmul)
 where = _maskable("where", _nl.where)
 broadcast_to = _maskable("broadcast_to", _nl.broadcast_to)
+
+
+class LoopReduce:
+    """nl.loop_reduce(x, op, loop_indices)'s value: assigned into a tile (`acc[...] = ...`) it
+    makes the tile op(tile, x), so each iteration of the loop reduces x into it, the tile
+    holding its start value before the loop (the old docs' example zeroes it)."""
+
+    def __init__(self, x, op, dtype, mask):
+        self.x, self.op, self.dtype, self.mask = x, op, dtype, mask
+
+    def reduce_into(self, dst):
+        op = _ops.as_operator(self.op, instr="nl.loop_reduce")
+        return op(dst, self.x, dtype=self.dtype or dst.dtype, mask=self.mask)
+
+
+@_old("loop_reduce")
+def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **kwargs):
+    """Only as `acc[...] = nl.loop_reduce(...)`: bound to a name (`b = nl.loop_reduce(...)`) the
+    emulator cannot see the tile to reduce into, and using the value raises saying so."""
+    return LoopReduce(x, op, dtype, mask)
 
 
 def __getattr__(name):  # everything else is nki.language's own (operators included: see language._call_operator)

@@ -36,6 +36,10 @@ def strict(x):
 def call(fn, args, kwargs, mask, what: str):
     """fn(*args, **kwargs) under `mask` (None: as it is)."""
     require_dialect(f"{what}(mask=...)" if mask is not None else what)
+    if mask is True:  # a mask the kernel computed from Python values: a constant predicate
+        mask = None
+    if mask is False:
+        return _nothing(args)
     if mask is None:
         return fn(*[strict(a) for a in args], **kwargs)
     mask = mask.mask() if isinstance(mask, Predicate) else mask
