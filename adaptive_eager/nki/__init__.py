@@ -24,6 +24,8 @@ import sys
 import types
 
 from adaptive_eager.device.nki import KernelProfile, NkiValidationError, isa, jit, language, simulate
+from adaptive_eager.device.nki import collectives
+from adaptive_eager.device.nki import ranks as _ranks
 from adaptive_eager.device.nki import constants as _constants
 from adaptive_eager.device.nki import nki_typing as typing
 from adaptive_eager.device.nki.dtypes import NkiDType as dtype
@@ -35,7 +37,8 @@ cpu_simulate = simulate
 
 # One module object per name, whichever way it is imported (adaptive_eager.nki.language,
 # nki.language after install()).
-_SUBMODULES = {"language": language, "isa": isa, "isa.constants": _constants, "typing": typing}
+_SUBMODULES = {"language": language, "isa": isa, "isa.constants": _constants, "typing": typing,
+               "collectives": collectives}
 for _name, _module in _SUBMODULES.items():
     sys.modules[f"{__name__}.{_name}"] = _module
 isa.constants = _constants
@@ -51,6 +54,25 @@ def profile(kernel, *args, **kwargs) -> KernelProfile:
     report = timeline.report()
     report.result = result
     return report
+
+
+def run_ranks(kernel, collective_ranks: int, inputs) -> list:
+    """Run `kernel` on `collective_ranks` ranks, one per logical NeuronCore, as the Neuron
+    runtime launches a kernel that calls nki.collectives; returns each rank's result.
+    `inputs`: the kernel's keyword arguments, the same for every rank (each gets its own copy),
+    or a function rank -> keyword arguments (device/nki/ranks.py, Note [Rank launches])."""
+    return _ranks.run_ranks(kernel, collective_ranks, inputs)[0]
+
+
+def profile_ranks(kernel, collective_ranks: int, inputs) -> list[KernelProfile]:
+    """run_ranks, returning each rank's modelled profile (with `.result`)."""
+    results, timelines = _ranks.run_ranks(kernel, collective_ranks, inputs)
+    reports = []
+    for result, timeline in zip(results, timelines):
+        report = timeline.report()
+        report.result = result
+        reports.append(report)
+    return reports
 
 
 def install() -> None:

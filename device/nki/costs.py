@@ -171,3 +171,42 @@ def contiguous_row_bytes(t) -> float:
         run *= n
         expect *= n
     return run * t.dtype.itemsize
+
+
+# --- nki.collectives ------------------------------------------------------------------------------
+# Sources are in the aws-neuron-sdk repository (paths from its root).
+# NeuronLink bandwidth per chip: trn2 "Intra-instance NeuronLink-v3 bandwidth (GB/sec/chip) 1,024"
+# (about-neuron/arch/neuron-hardware/trn2-arch.rst:97-99); trn3 "NeuronLink-v4 ... provides 2.56
+# TB/sec bandwidth per device" (about-neuron/arch/neuron-hardware/trainium3.rst:41). No figure is
+# published for trn1's NeuronLink-v2 (trn1-arch.rst:76 says only "high-bandwidth"): trn2's is reused
+# (an assumption). A chip's link is shared by its ranks, as collectives.rst:110 (neuron-runtime/
+# about/) shares a chip's EFA bandwidth ("each rank gets 3.2 Tbps / 64"): ranks per chip = cores per
+# chip / LNC, with "eight NeuronCore-v3 cores" (trainium2.rst:7), eight v4 (trainium3.rst:27) and
+# "2 x NeuronCore-v2" (trainium.rst:7).
+NEURONLINK_BYTES_PER_NS = {2: 1024.0, 3: 1024.0, 4: 2560.0}  # GB/s per chip = B/ns
+CORES_PER_CHIP = {2: 2, 3: 8, 4: 8}
+# "the per-hop latency of Ring/KangaRing is about 1-2 us (HBM load dependent)"
+# (neuron-runtime/explore/intranode-collective-comm.rst:61): the midpoint, an assumption.
+COLLECTIVE_HOP_NS = 1500.0
+# Reductions run on the DMA engines' collective compute: "50% DMA throughput via DMA collective
+# compute engines prior to NeuronCore-v4", full DMA throughput on v4 (nki/guides/architecture/
+# trainium3_arch.rst:270).
+COLLECTIVE_REDUCE_EFFICIENCY = {2: 0.5, 3: 0.5, 4: 1.0}
+
+
+def collective_link_bytes_per_ns(target: Target, lnc: int) -> float:
+    """What one rank moves per ns: its share of the chip's NeuronLink, at most what its 16 DMA
+    engines move (they carry the data)."""
+    ranks_per_chip = max(1, CORES_PER_CHIP[target.version] // max(1, lnc))
+    link = NEURONLINK_BYTES_PER_NS[target.version] / ranks_per_chip
+    return min(link, DMA_ENGINES * DMA_BYTES_PER_NS[target.version])
+
+
+def collective(target: Target, lnc: int, wire_bytes: float, hops: int, reduce_bytes: float = 0.0) -> Cost:
+    """One collective on one rank: `hops` link latencies, the bytes it sends over its link share,
+    and the bytes it reduces on the DMA engines' collective compute. It holds all 16 DMA queues
+    of its core for that time (the collective's transfers are spread over them)."""
+    rate = collective_link_bytes_per_ns(target, lnc)
+    reduce_rate = DMA_ENGINES * DMA_BYTES_PER_NS[target.version] * COLLECTIVE_REDUCE_EFFICIENCY[target.version]
+    ns = hops * COLLECTIVE_HOP_NS + wire_bytes / rate + reduce_bytes / reduce_rate
+    return Cost(ns, 0.0, DMA_ENGINES)

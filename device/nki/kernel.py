@@ -126,8 +126,9 @@ def logical_cores() -> int:
     return settings.read("NEURON_LOGICAL_NC_CONFIG")
 
 
-def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
-    """Run every program of the kernel's grid on host tensors; (result, timeline)."""
+def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None, rank=None):
+    """Run every program of the kernel's grid on host tensors; (result, timeline). `rank` is
+    the ranks.RankContext when this call is one rank of a run_ranks launch (nki.collectives)."""
     target = target or current_target()
     grid = kernel.grid
     programs = math.prod(grid) if grid else 1
@@ -155,6 +156,7 @@ def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
     def body(linear: int, lockstep=None):
         program = Program(launch, _unravel(linear, grid))
         program.core, program.rank, program.lockstep = linear % cores, linear, lockstep
+        program.ranks = rank
         with running(program):
             results[linear] = kernel.fn(*n_args, **n_kwargs)
 

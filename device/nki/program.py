@@ -58,6 +58,7 @@ class Program:
         self.core = 0  # which NeuronCore of the logical device runs it (timeline.py)
         self.rank = 0  # its index in the launch
         self.lockstep = None  # the launch's Lockstep when programs may meet at collectives
+        self.ranks = None  # ranks.RankContext when it is one rank of a run_ranks launch (nki.collectives)
         self.collectives: dict = {}  # (kind, pipe) -> how many this program has reached
         self.target = launch.target
         self.sbuf_used = 0  # bytes per partition

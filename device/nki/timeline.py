@@ -178,3 +178,12 @@ class KernelProfile:
         with open(path, "w") as f:
             json.dump(self.chrome_trace(), f)
 
+
+def issue_across(entries) -> None:
+    """A collective between ranks, each with its own timeline: one instruction per (timeline,
+    program, instr), all starting together when the last of them could, each rank's timeline
+    keeping its own engines and memories (Note [Engine timeline])."""
+    plans = [(timeline, instr, timeline._prepare(program, instr)) for timeline, program, instr in entries]
+    start = max(max(plan[0], plan[1]) for _, _, plan in plans)
+    for timeline, instr, plan in plans:
+        timeline._commit(instr, start, plan)
