@@ -97,9 +97,11 @@ def _op(api: str, op):
     return op
 
 
-def _tensors(api: str, srcs, dsts, *, sbuf: bool = True, many: bool = True) -> tuple[list, list, str]:
+def _tensors(api: str, srcs, dsts, *, sbuf: bool = True, many: bool = True, channels: bool = False
+             ) -> tuple[list, list, str]:
     """The source and destination lists, checked: one memory for all (HBM or SBUF), several
-    tensors only in HBM. Returns (srcs, dsts, buffer)."""
+    tensors only in HBM (`channels`: one per channel, not coalesced, so any number). Returns
+    (srcs, dsts, buffer)."""
     srcs, dsts = list(srcs), list(dsts)
     if not srcs or len(srcs) != len(dsts):
         raise NkiValidationError(f"nki.collectives.{api}: srcs and dsts must be lists of one length >= 1, got "
@@ -124,7 +126,7 @@ def _tensors(api: str, srcs, dsts, *, sbuf: bool = True, many: bool = True) -> t
                                  f"({', '.join(t.describe() for t in srcs + dsts)}); all must be in HBM or all in "
                                  f"SBUF: dma_copy the odd ones over")
     on_chip = kinds.pop()
-    if len(srcs) > 1 and (on_chip or not many):
+    if len(srcs) > 1 and not channels and (on_chip or not many):
         where = "SBUF tensors" if on_chip else f"{api}"
         raise NkiValidationError(f"nki.collectives.{api}: several tensors in one call (coalesced) are supported only "
                                  f"for HBM tensors, and not by collective_permute(_implicit); {where} take one: got "
@@ -371,7 +373,7 @@ def _channels(api: str, program, group, by_channel: dict, channel_ids) -> tuple[
                 raise NkiValidationError(f"nki.collectives.{api}: {k}[{c}] holds {len(tensors)} tensors; each channel "
                                          f"takes exactly one (coalesced permutes are not supported)")
             flat.append(tensors[0])
-    _, _, buffer = _tensors(api, flat, flat)
+    _, _, buffer = _tensors(api, flat, flat, channels=True)
     return channel_ids, list(lists.values()), buffer
 
 
