@@ -115,7 +115,7 @@ def _tensors(api: str, srcs, dsts, *, sbuf: bool = True, many: bool = True, chan
         if t.on_chip and not sbuf:
             raise NkiValidationError(f"nki.collectives.{api}: {t.describe()} is in SBUF, and {api} supports HBM "
                                      f"tensors only: dma_copy it into an nl.ndarray(..., buffer=nl.shared_hbm)")
-        if not t.on_chip and t.buffer != SHARED_HBM:
+        if not t.on_chip and (t.buffer != SHARED_HBM or t.storage.serial in current().launch.arguments):
             raise NkiValidationError(
                 f"nki.collectives.{api}: {t.describe()} is a kernel argument or private HBM; collectives cannot "
                 f"read or write the kernel's IO tensors: dma_copy it into an nl.ndarray(..., buffer=nl.shared_hbm) "
@@ -179,8 +179,12 @@ def _meet(api: str, program, group: tuple[int, ...], payload: dict, exchange, co
                     Instr(api, costs.DMA, p["cost"], list(p["srcs"]), list(p["dsts"]))) for p in arrived.values()]
         issue_across(entries)
 
-    key = (f"nki.collectives.{api} of ranks {list(group)}", None, n)
-    program.ranks.lockstep.meet(program.ranks.rank, key, group, payload, complete)
+    ctx = program.ranks
+    core = f" core {ctx.program}" if ctx.programs > 1 else ""
+    key = (f"nki.collectives.{api} of ranks {list(group)}{core}", None, n)
+    # launch-wide indices: program p of each rank of the group (Note [Rank launches])
+    ctx.lockstep.meet(ctx.index(ctx.rank), key, tuple(ctx.index(r) for r in group), payload,
+                      lambda arrived: complete({i // ctx.programs: v for i, v in arrived.items()}))
 
 
 def _sig(*parts, tensors=()) -> tuple:

@@ -126,53 +126,67 @@ def logical_cores() -> int:
     return settings.read("NEURON_LOGICAL_NC_CONFIG")
 
 
-def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None, rank=None):
-    """Run every program of the kernel's grid on host tensors; (result, timeline). `rank` is
-    the ranks.RankContext when this call is one rank of a run_ranks launch (nki.collectives)."""
-    target = target or current_target()
-    grid = kernel.grid
-    programs = math.prod(grid) if grid else 1
-    cores = cores or min(programs, logical_cores())
-    timeline = Timeline(target, cores)
-    launch = Launch(grid, target, timeline, lnc=cores, dialect=kernel.dialect)
-    wrapped: dict[tuple, tuple[Storage, list]] = {}
-    staged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    numpy_mode = [False]
-
-    # as the simulator wraps them: nl.hbm for one program, nl.shared_hbm when a grid shares them
-    buffer = PRIVATE_HBM if programs == 1 else SHARED_HBM
-
-    def to_nki(x):
-        if isinstance(x, np.ndarray):
-            numpy_mode[0] = True
-            x = torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(x.copy())
-        if isinstance(x, torch.Tensor):
-            return _hbm_tensor(x, wrapped, staged, buffer)
-        return x
-
-    n_args, n_kwargs = pytree.tree_map(to_nki, (args, kwargs))
-    results = {}
-
-    def body(linear: int, lockstep=None):
-        program = Program(launch, _unravel(linear, grid))
-        program.core, program.rank, program.lockstep = linear % cores, linear, lockstep
-        program.ranks = rank
-        with running(program):
-            results[linear] = kernel.fn(*n_args, **n_kwargs)
-
-    if programs == 1:
-        body(0)
+def run(kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
+    """Run every program of the kernel's grid on host tensors; (result, timeline)."""
+    call = Call(kernel, args, kwargs, target=target, cores=cores)
+    if call.programs == 1:
+        call.body(0)
     else:  # on threads, one at a time: they may meet at collectives (Note [Lockstep programs])
-        run_programs(programs, body)
-    result = results[0]
-    timeline.staged = _write_back(staged)
-    sink = getattr(_local, "sink", None)
-    if sink is not None:
-        sink.ns += timeline.total_ns
-        sink.kernels += 1
-        sink.timelines.append(timeline)
-        sink.staged += timeline.staged
-    return _from_nki(result, wrapped, numpy_mode[0]), timeline
+        run_programs(call.programs, call.body)
+    return call.finish()
+
+
+class Call:
+    """One call of a kernel: its launch, its arguments as HBM tensors, and what its programs
+    return. run() makes one and runs its programs; a rank launch (ranks.py) makes one per rank."""
+
+    def __init__(self, kernel: Kernel, args, kwargs, *, target=None, cores: int | None = None):
+        self.kernel = kernel
+        target = target or current_target()
+        self.grid = kernel.grid
+        self.programs = math.prod(self.grid) if self.grid else 1
+        self.cores = cores or min(self.programs, logical_cores())
+        self.timeline = Timeline(target, self.cores)
+        self.launch = Launch(self.grid, target, self.timeline, lnc=self.cores, dialect=kernel.dialect)
+        self.wrapped: dict[tuple, tuple[Storage, list]] = {}
+        self.staged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.numpy_mode = False
+        # as the simulator wraps them: nl.hbm for one program, nl.shared_hbm when a grid shares them
+        buffer = PRIVATE_HBM if self.programs == 1 else SHARED_HBM
+
+        def to_nki(x):
+            if isinstance(x, np.ndarray):
+                self.numpy_mode = True
+                x = torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(x.copy())
+            if isinstance(x, torch.Tensor):
+                return _hbm_tensor(x, self.wrapped, self.staged, buffer)
+            return x
+
+        self.args, self.kwargs = pytree.tree_map(to_nki, (args, kwargs))
+        # the arguments' memories: collectives refuse them (collectives.py)
+        self.launch.arguments = {storage.serial for storage, _ in self.wrapped.values()}
+        self.results = {}
+
+    def body(self, linear: int, lockstep=None, ranks=None) -> None:
+        """Run program `linear` of the grid on this thread; `lockstep`: how it meets the call's
+        other programs, `ranks`: its place in a rank launch (ranks.RankContext)."""
+        program = Program(self.launch, _unravel(linear, self.grid))
+        program.core, program.rank, program.lockstep = linear % self.cores, linear, lockstep
+        program.ranks = ranks
+        with running(program):
+            self.results[linear] = self.kernel.fn(*self.args, **self.kwargs)
+
+    def finish(self):
+        """(result, timeline), once every program has run: staged arguments written back."""
+        timeline = self.timeline
+        timeline.staged = _write_back(self.staged)
+        sink = getattr(_local, "sink", None)
+        if sink is not None:
+            sink.ns += timeline.total_ns
+            sink.kernels += 1
+            sink.timelines.append(timeline)
+            sink.staged += timeline.staged
+        return _from_nki(self.results[0], self.wrapped, self.numpy_mode), timeline
 
 
 def _unravel(linear: int, grid: tuple[int, ...]) -> tuple[int, ...]:

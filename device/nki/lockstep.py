@@ -97,6 +97,29 @@ class Lockstep:
             return self.completed.pop(me)
 
 
+class RankView:
+    """The programs of one rank of a rank launch (ranks.py) seen as a launch of their own: a
+    launch-wide Lockstep runs every rank's programs, and core_barrier or sendrecv between a
+    rank's NeuronCores name programs 0..P-1 of that rank. Indices are shifted by the rank's
+    first program, and keys are the rank's own, so rank 0's core_barrier #1 never meets rank 1's."""
+
+    def __init__(self, lockstep: Lockstep, base: int, programs: int, rank: int):
+        self.lockstep, self.base, self.n, self.rank = lockstep, base, programs, rank
+
+    def meet(self, me: int, key: tuple, participants: tuple[int, ...], payload, on_complete) -> dict:
+        if any(not 0 <= p < self.n for p in participants):
+            raise NkiValidationError(f"{describe(key)}: program {me} of {self.n} names programs {participants}")
+        kind, pipe, n = key
+        mine = (f"{kind} of rank {self.rank}", pipe, n)
+
+        def local(arrived: dict) -> dict:
+            return {p - self.base: v for p, v in arrived.items()}
+
+        got = self.lockstep.meet(self.base + me, mine, tuple(self.base + p for p in participants), payload,
+                                 lambda arrived: on_complete(local(arrived)))
+        return local(got)
+
+
 def describe(key: tuple) -> str:
     """'core_barrier #2' or 'sendrecv pipe 0 #1': which collective of a program."""
     kind, pipe, n = key

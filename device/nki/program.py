@@ -48,6 +48,7 @@ class Launch:
         self.timeline = timeline
         self.lnc = lnc
         self.shared: list[Storage] = []
+        self.arguments: set[int] = set()  # serials of the storages of the kernel's arguments
         self.lock = threading.Lock()
 
 

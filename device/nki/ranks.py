@@ -5,12 +5,16 @@ Note [Rank launches]: on the chip a kernel that calls nki.collectives is compile
 by the runtime on `collective_ranks` logical NeuronCores, each with its own inputs, its own HBM
 tensors and its own rank id (the NKI library's harness: `InferenceArgs(collective_ranks=N)` with
 `PerRankLazyInputGenerator(rank -> inputs)`, test/integration/nkilib/experimental/collectives/
-test_collectives.py). `run_ranks(kernel, N, inputs)` is that launch: rank r runs the kernel as
-an ordinary call (`kernel.run`) on its own copy of its inputs, with its own timeline, and the
-ranks meet at collectives in lockstep (Note [Lockstep programs] in lockstep.py), so values and
-modelled times never depend on the OS scheduler. It is not `kernel[N]`: a grid's programs share
-their inputs and shared_hbm tensors (one logical core's NeuronCores), ranks share nothing.
-A rank runs one program: a kernel with a grid (LNC=2 programs inside a rank) is refused for now.
+test_collectives.py). `run_ranks(kernel, N, inputs)` is that launch: rank r is an ordinary call
+of the kernel (kernel.Call) on its own copy of its inputs, with its own timeline; a kernel with
+a grid (`kernel[2]`, LNC=2) runs its grid inside every rank, as the library's harness launches
+"with LNC grid [lnc]". All programs of all ranks run in one lockstep (Note [Lockstep programs]
+in lockstep.py), so values and modelled times never depend on the OS scheduler: program p of
+rank r is program r * P + p of the launch; a rank's core_barrier and sendrecv meet its own
+programs (lockstep.RankView), and a collective's call by program p of a rank meets the calls by
+program p of the other ranks of its group (one per NeuronCore, as each core issues its own).
+It is not `kernel[N]`: a grid's programs share their inputs and shared_hbm tensors (one logical
+core's NeuronCores), ranks share nothing.
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import NkiValidationError
-from .kernel import Kernel, logical_cores, run
-from .lockstep import run_programs
+from .kernel import Call, Kernel, logical_cores
+from .lockstep import RankView, run_programs
 from .target import current_target
 
 # the counts the Neuron runtime accepts for a collective launch: "NRT only supports 1, 2, 4, 8,
@@ -29,11 +33,17 @@ _RUNTIME_RANKS = (1, 2, 4, 8, 16)
 
 
 class RankContext:
-    """What a program of a rank launch knows of it: the launch's lockstep, its rank, how many,
-    and the LNC setting each rank is made of (how many ranks share a chip's NeuronLink)."""
+    """What a program of a rank launch knows of it: the launch-wide lockstep, its rank and how
+    many, its program index in the rank and how many per rank, and the LNC setting each rank is
+    made of (how many ranks share a chip's NeuronLink)."""
 
-    def __init__(self, lockstep, rank: int, n: int, lnc: int):
+    def __init__(self, lockstep, rank: int, n: int, program: int, programs: int, lnc: int):
         self.lockstep, self.rank, self.n, self.lnc = lockstep, rank, n, lnc
+        self.program, self.programs = program, programs
+
+    def index(self, rank: int) -> int:
+        """The launch-wide index of this program's counterpart in `rank`."""
+        return rank * self.programs + self.program
 
 
 def run_ranks(kernel, collective_ranks: int, inputs, *, target=None):
@@ -47,19 +57,20 @@ def run_ranks(kernel, collective_ranks: int, inputs, *, target=None):
                                  f"Neuron runtime launches), got {collective_ranks}")
     if not isinstance(kernel, Kernel):
         raise TypeError(f"run_ranks takes an @nki.jit kernel, got {type(kernel).__name__}")
-    if kernel.grid and any(g != 1 for g in kernel.grid):
-        raise NkiValidationError(f"run_ranks: {kernel!r} has a grid; each rank runs one program here (an LNC=2 grid "
-                                 f"inside a rank is not emulated yet): launch the kernel without [..]")
     target = target or current_target()
     lnc = logical_cores()
-    per_rank = [_own_copy(inputs(r) if callable(inputs) else inputs, r) for r in range(n)]
-    results, timelines = [None] * n, [None] * n
+    calls = [Call(kernel, (), _own_copy(inputs(r) if callable(inputs) else inputs, r), target=target)
+             for r in range(n)]
+    per_rank = calls[0].programs
 
-    def body(r: int, lockstep):
-        results[r], timelines[r] = run(kernel, (), per_rank[r], target=target, rank=RankContext(lockstep, r, n, lnc))
+    def body(i: int, lockstep):
+        r, p = divmod(i, per_rank)
+        view = RankView(lockstep, r * per_rank, per_rank, r) if per_rank > 1 else None
+        calls[r].body(p, view, RankContext(lockstep, r, n, p, per_rank, lnc))
 
-    run_programs(n, body)
-    return results, timelines
+    run_programs(n * per_rank, body)
+    finished = [call.finish() for call in calls]
+    return [f[0] for f in finished], [f[1] for f in finished]
 
 
 def _own_copy(kwargs, rank: int) -> dict:

@@ -437,3 +437,46 @@ def test_a_collective_starts_on_every_rank_when_the_last_rank_reaches_it():
     starts = [next(i.start for i in r.timeline.instrs if i.name == "all_reduce") for r in reports]
     copies_1 = [i for i in reports[1].timeline.instrs if i.name == "dma_copy"]
     assert starts[0] == starts[1] >= copies_1[16].end
+
+
+# --- an LNC=2 grid inside each rank ----------------------------------------------------------------
+@nki.jit
+def gather_per_core(x, group, k):
+    """Each NeuronCore of a rank gathers its half of the rows, after a barrier between the two."""
+    core = nl.program_id(0)
+    half = x.shape[0] // 2
+    out = nl.ndarray((x.shape[0], x.shape[1] * k), dtype=x.dtype, buffer=nl.shared_hbm)
+    mine = nl.load(x[core * half:(core + 1) * half, :])
+    got = nl.ndarray((half, x.shape[1] * k), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.core_barrier(data=out, cores=(0, 1))
+    ncc.all_gather(srcs=[mine], dsts=[got], replica_group=group, collective_dim=1)
+    nl.store(out[core * half:(core + 1) * half, :], got)
+    return out
+
+
+def test_an_lnc2_grid_runs_inside_each_rank_and_each_core_meets_its_counterparts():
+    xs = torch.randn(4, 64, 8)
+    out = nki.run_ranks(gather_per_core[2], 4, _per_rank(xs, group=ReplicaGroup([[0, 1, 2, 3]]), k=4))
+    for r in range(4):
+        assert torch.equal(out[r], torch.cat(list(xs), dim=1))
+
+
+def test_core_barriers_of_different_ranks_do_not_meet_each_other():
+    @nki.jit
+    def barrier_on_rank_0_only(x):
+        if int(ncc.rank_id()) == 0:
+            nisa.core_barrier(data=x, cores=(0, 1))
+        return x
+
+    # were rank 0's barrier keyed like rank 1's programs, this would still pass: so also check
+    # that a barrier rank 1 never reaches does not release rank 0's programs from each other
+    nki.run_ranks(barrier_on_rank_0_only[2], 2, {"x": torch.randn(4, 4)})
+
+    @nki.jit
+    def barrier_core_0_only(x):
+        if int(ncc.rank_id()) == 1 or nl.program_id(0) == 0:
+            nisa.core_barrier(data=x, cores=(0, 1))
+        return x
+
+    with pytest.raises(nki.NkiValidationError, match="core_barrier"):
+        nki.run_ranks(barrier_core_0_only[2], 2, {"x": torch.randn(4, 4)})
