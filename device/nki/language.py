@@ -517,6 +517,13 @@ def _range(start, stop=None, step=1):
 
 affine_range = sequential_range = static_range = _range
 
+# nl.range, which the NKI library's 2026 kernels call (`for i in nl.range(n)`). The SDK's docs
+# (nki/api/nki/language/__init__.py as of 2026-08) do not list it; they say the three iterators
+# above are "an alias for Python's range()" and, from NKI 0.7, "deprecated and default to Python
+# range" (nki/deep-dives/nki-loops.rst). So nl.range is that same specialization-time iterator,
+# the one object under a fourth name: a loop over it unrolls as the kernel runs.
+range = _range  # noqa: A001 (NKI's name; this module calls builtins.range explicitly)
+
 
 def dynamic_range(start, stop=None, step=1):
     if stop is None:

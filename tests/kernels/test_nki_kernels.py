@@ -200,3 +200,32 @@ def test_kernel_arguments_of_unsupported_dtypes_are_refused():
 
     with pytest.raises(TypeError, match="int64 and float64 have no NeuronCore equivalent"):
         nothing(torch.zeros(4, dtype=torch.int64))
+
+
+@nki.jit
+def strided_column_copy(x):
+    """Copies every other 128-column block of x (blocks 1, 3, 5) with the NKI library's
+    `nl.range(start, stop, step)`, and doubles each with `nl.range(2)` adds."""
+    out = nl.ndarray((128, 3 * 128), dtype=x.dtype, buffer=nl.shared_hbm)
+    for j, b in enumerate(nl.range(1, 7, 2)):
+        tile = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x[:, b * 128:(b + 1) * 128])
+        acc = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0.0)
+        for _ in nl.range(2):
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=tile, op=nl.add)
+        nisa.dma_copy(dst=out[:, j * 128:(j + 1) * 128], src=acc)
+    return out
+
+
+def test_nl_range_iterates_as_pythons_range_so_nki_library_loops_run():
+    x = torch.randn(128, 7 * 128, generator=g)
+    want = torch.cat([2 * x[:, b * 128:(b + 1) * 128] for b in (1, 3, 5)], dim=1)
+    torch.testing.assert_close(strided_column_copy(x), want)
+    for args in [(5,), (2, 9), (1, 10, 3), (6, 0, -2), (0,)]:
+        assert list(nl.range(*args)) == list(range(*args)), args
+
+
+def test_nl_range_is_the_same_iterator_as_the_deprecated_static_ranges():
+    # the docs make affine/sequential/static_range Python's range from NKI 0.7; nl.range is that iterator
+    assert nl.range is nl.sequential_range is nl.affine_range is nl.static_range
