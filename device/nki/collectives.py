@@ -157,9 +157,9 @@ def _nbytes(ts) -> int:
 
 
 # --- the meeting ----------------------------------------------------------------------------------
-def _meet(api: str, program, group: tuple[int, ...], payload: dict, exchange, cost: costs.Cost, sig) -> None:
+def _meet(api: str, program, group: tuple[int, ...], payload: dict, exchange, cost, sig) -> None:
     """Arrive at this rank's next `api` collective of `group` with its tensors, its own price
-    and `sig` (what every rank must agree on: shapes, dtypes, op, dim); the last to arrive
+    (a costs.Cost, or a function of the arrivals returning one, called after exchange) and `sig` (what every rank must agree on: shapes, dtypes, op, dim); the last to arrive
     checks the ranks agree, runs exchange({rank: payload}) and places the collective on every
     rank's timeline."""
     n = program.collectives.get((api, group), 0)
@@ -175,8 +175,10 @@ def _meet(api: str, program, group: tuple[int, ...], payload: dict, exchange, co
                                          f"with {arrived[first]['sig']}, rank {r} with {arrived[r]['sig']}; every rank "
                                          f"must pass the same shapes, dtypes and options")
         exchange(arrived)
+        # a callable price is one known only now, from the metadata of every rank (the _v collectives)
         entries = [(p["program"].launch.timeline, p["program"],
-                    Instr(api, costs.DMA, p["cost"], list(p["srcs"]), list(p["dsts"]))) for p in arrived.values()]
+                    Instr(api, costs.DMA, p["cost"](arrived) if callable(p["cost"]) else p["cost"], list(p["srcs"]),
+                          list(p["dsts"]))) for p in arrived.values()]
         issue_across(entries)
 
     ctx = program.ranks
@@ -461,17 +463,9 @@ def rank_id(name=None):
     return VirtualRegister(program.ranks.rank)
 
 
-def all_gather_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
-                 priority=None, name=None) -> None:
-    raise NkiValidationError("nki.collectives.all_gather_v is not emulated yet (its metadata-driven, LNC=2, "
-                             "4-rank form); use all_gather with equal chunks")
-
-
-def all_to_all_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=False, has_rdispls=False,
-                 priority=None, name=None) -> None:
-    raise NkiValidationError("nki.collectives.all_to_all_v is not emulated yet (its metadata-driven, inter-node "
-                             "form); use all_to_all with equal chunks")
-
+# all_gather_v and all_to_all_v: collectives_v.py, which builds on the helpers above (imported
+# last so that module finds them defined)
+from .collectives_v import all_gather_v, all_to_all_v  # noqa: E402
 
 __all__ = ["ReplicaGroup", "all_gather", "all_gather_v", "all_reduce", "all_to_all", "all_to_all_v",
            "collective_permute", "collective_permute_implicit", "collective_permute_implicit_current_processing_rank_id",

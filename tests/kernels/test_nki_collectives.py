@@ -366,15 +366,6 @@ def test_collectives_outside_a_rank_launch_are_refused_naming_run_ranks():
         reduce_hbm(torch.randn(4, 4), ReplicaGroup([[0]]), nl.add)
 
 
-def test_all_to_all_v_says_it_is_not_emulated_yet():
-    @nki.jit
-    def v(x, group):
-        ncc.all_to_all_v(srcs=[x], dsts=[x], replica_group=group, metadata_tensor=x)
-        return x
-
-    _refused(v, 2, {"x": torch.randn(4, 4), "group": ReplicaGroup([[0, 1]])}, "not emulated yet")
-
-
 # --- determinism and price ------------------------------------------------------------------------
 def test_values_and_modelled_times_repeat_exactly():
     xs = torch.randn(4, 64, 32)
