@@ -32,7 +32,7 @@ import torch
 
 from . import costs
 from . import dtypes as dt
-from .collectives import _cost, _meet, _rank_program, _sig, _subgroup, _tensors
+from .collectives_common import _cost, _meet, _rank_program, _sig, _subgroup, _tensors
 from .errors import NkiValidationError
 from .tensor import NkiTensor
 
@@ -202,7 +202,8 @@ def all_gather_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=F
         for pos, r in enumerate(group):
             arrived[r]["wire_bytes"] = (total - chunks[pos].numel()) * itemsize
 
-    _meet(api, program, group, {"srcs": [src], "dsts": [dst], "meta": meta, "recv_counts_known": bool(recv_counts_known)},
+    payload = {"srcs": [src], "dsts": [dst], "meta": meta, "recv_counts_known": bool(recv_counts_known)}
+    _meet(api, program, group, payload,
           exchange, lambda arrived: _cost(program, arrived[me]["wire_bytes"], k - 1),
           _sig(bool(recv_counts_known), str(src.dtype), tensors=[meta]))
 
@@ -240,6 +241,7 @@ def all_to_all_v(srcs, dsts, replica_group, metadata_tensor, recv_counts_known=F
                 _write_recv_counts(arrived[r]["meta"], metas[r], [sends[s, r].numel() for s in group])
             arrived[r]["wire_bytes"] = sum(sends[r, j].numel() for j in group if j != r) * itemsize
 
-    _meet(api, program, group, {"srcs": [src], "dsts": [dst], "meta": meta, "recv_counts_known": bool(recv_counts_known)},
+    payload = {"srcs": [src], "dsts": [dst], "meta": meta, "recv_counts_known": bool(recv_counts_known)}
+    _meet(api, program, group, payload,
           exchange, lambda arrived: _cost(program, arrived[me]["wire_bytes"], 1),
           _sig(bool(recv_counts_known), rdispls, str(src.dtype), tensors=[meta]))

@@ -15,6 +15,7 @@ from adaptive_eager.device.nki import costs
 from adaptive_eager.device.nki.kernel import logical_cores
 from adaptive_eager.device.nki.target import current_target
 from adaptive_eager.nki.collectives import ReplicaGroup
+from subproc import run_python
 
 g = torch.Generator().manual_seed(0)
 
@@ -81,6 +82,32 @@ def test_all_gather_v_puts_each_ranks_chunk_in_the_slot_of_its_position(groups):
             assert md[2].tolist() == counts and torch.equal(md[:2], metas[r][:2])
 
 
+def test_all_gather_v_takes_its_metadata_from_one_sbuf_partition():
+    @nki.jit
+    def gather_v_sbuf_meta(x, meta, group):
+        dst, md = nl.zeros((64,), dtype=x.dtype, buffer=nl.shared_hbm), nl.load(meta)
+        ncc.all_gather_v(srcs=[_staged(x)], dsts=[dst], replica_group=group, metadata_tensor=md)
+        out = nl.ndarray(meta.shape, dtype=meta.dtype, buffer=nl.shared_hbm)
+        nl.store(out, md)
+        return _returned(dst), out
+
+    xs = torch.randn(4, 32, generator=g)
+    metas = [_meta([[[r + 1] * 4, [2] * 4, [0] * 4]]) for r in range(4)]
+    group = ReplicaGroup([[0, 1, 2, 3]])
+    out = nki.run_ranks(gather_v_sbuf_meta, 4, lambda r: dict(x=xs[r], meta=metas[r], group=group))
+    want = torch.zeros(64)
+    for s in range(4):
+        want[s * 16:s * 16 + s + 1] = xs[s][2:2 + s + 1]
+    for dst, md in out:
+        assert torch.equal(dst, want) and md[0, 2].tolist() == [1, 2, 3, 4]
+
+
+def test_the_v_collectives_module_imports_first_on_its_own():
+    # collectives.py re-exports it: a cycle between the two once broke this import order
+    done = run_python("import adaptive_eager.device.nki.collectives_v as m; print(m.all_to_all_v.__name__)")
+    assert done.returncode == 0 and done.stdout.strip() == "all_to_all_v", done.stderr
+
+
 def test_all_gather_v_leaves_recv_counts_alone_when_they_are_known():
     xs, metas = _gather_inputs(4, 4)
     metas = [torch.cat([m[:2], _meta([[7, 7, 7, 7]])]) for m in metas]
@@ -122,8 +149,8 @@ def test_all_gather_v_refuses_has_rdispls():
         ncc.all_gather_v(srcs=[_staged(x)], dsts=[dst], replica_group=group, metadata_tensor=md, has_rdispls=True)
         return x
 
-    _refused(with_rdispls, 4, {"x": torch.randn(32), "meta": _meta([[1] * 4] * 4), "group": ReplicaGroup([[0, 1, 2, 3]])},
-             "has_rdispls=True is not supported")
+    inputs = {"x": torch.randn(32), "meta": _meta([[1] * 4] * 4), "group": ReplicaGroup([[0, 1, 2, 3]])}
+    _refused(with_rdispls, 4, inputs, "has_rdispls=True is not supported")
 
 
 @pytest.mark.parametrize("meta,words", [
