@@ -183,7 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
             "`0`: a cached trace's ops are matched in Python only, not in C++ (Note [Armed matching])", _flag),
     # -- NKI --------------------------------------------------------------------------------
     Setting("ADAPTIVE_EAGER_NKI", False, "`0`", _FLAG,
-            "`1`: `import nki` gives the emulator's NKI (as `adaptive_eager.nki.install()`)", _flag),
+            "`1`: `import nki` gives the emulator's NKI (as `adaptive_eager.nki.install()`); only `nki`: "
+            "`neuronxcc`, a package of its own, needs `adaptive_eager.nki.install_neuronxcc()`", _flag),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 

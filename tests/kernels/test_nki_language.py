@@ -189,6 +189,20 @@ def test_install_refuses_to_shadow_a_real_nki(monkeypatch):
         nki.install()
 
 
+def test_the_environment_switch_installs_nki_only_and_leaves_neuronxcc_alone():
+    # a decision, pinned: neuronxcc is the compiler's package; ADAPTIVE_EAGER_NKI is documented
+    # (device/settings.py) as install() alone, and install_neuronxcc() stays an explicit call
+    proc = run_python("""
+        import sys
+        import torch
+        import nki
+        import adaptive_eager.nki.neuronxcc as stand_in
+        print(nki.__name__, sys.modules.get("neuronxcc.nki") is stand_in)
+    """, env={"ADAPTIVE_EAGER_NKI": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["adaptive_eager.nki", "False"]
+
+
 def test_the_environment_switch_makes_import_nki_the_emulator_at_import_torch():
     proc = run_python("""
         import torch
