@@ -9,6 +9,9 @@ other ranks of its subgroup; when the last arrives, the values move (every sourc
 any destination is written, so a source may be its own destination) and every rank's timeline
 places the collective at the same start (timeline.issue_across).
 
+all_gather_v and all_to_all_v are in collectives_v.py; what every collective shares (sub-groups,
+operand checks, the meeting) in collectives_common.py.
+
 Where the docs are silent, this module chooses, and says so at the line:
 - reductions accumulate in float32, in the order of the subgroup's rank list, and round once
   into each destination: the compiler's reference says all-reduce and reduce-scatter "have no

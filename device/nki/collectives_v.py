@@ -78,14 +78,14 @@ def _lnc2(api: str, program) -> None:
 
 
 def _all_gather_v_group(program, group) -> None:
-    """"Only LNC=2 is supported. Each rank-list must have exactly 4 ranks (intra-chip)."""
+    """The API's limits: "Only LNC=2 is supported. Each rank-list must have exactly 4 ranks (intra-chip)"."""
     _lnc2("all_gather_v", program)
     per = _ranks_per_device(program)
     if len(group) != 4 or len({r // per for r in group}) != 1:
         raise NkiValidationError(
             f"nki.collectives.all_gather_v: each rank list must be exactly 4 ranks of one chip (intra-chip), got "
-            f"{list(group)}; on {program.target.name} at LNC=2 a chip holds ranks {per} at a time, "
-            f"consecutive from a multiple of {per}")
+            f"{list(group)}; on {program.target.name} at LNC=2 a chip holds {per} rank(s), numbered consecutively "
+            f"from a multiple of {per}")
 
 
 def _all_to_all_v_group(program, group) -> None:
