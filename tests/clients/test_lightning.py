@@ -141,7 +141,7 @@ def _run_ddp(tmp_path, accelerator: str) -> list[dict]:
     script = tmp_path / "fit_two_devices.py"
     script.write_text(_DDP_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / accelerator
-    env = {**os.environ, "ADAPTIVE_EAGER_MODE": "adaptive"}
+    env = {**os.environ, "NEURON_ADAPTIVE_EAGER": "1"}  # adaptive mode in both ranks
     run = subprocess.run([sys.executable, str(script), accelerator, str(out)], capture_output=True, text=True,
                          timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
