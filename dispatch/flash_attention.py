@@ -25,9 +25,10 @@ runs CPU's arithmetic everywhere).
 The offsets are read on the host: the sequences' bounds decide which kernels run. A model
 passes one offsets tensor to every layer, forward and backward, so what was read is kept with
 the tensor (while it lives and is not written): one wait for the device a step, not one a layer
-(in adaptive mode each wait launches what the engine holds). Refused, with what to do instead: dropout (flash-attn's Philox mask is
-CUDA's; varlen_attn never asks it), a paged KV cache (`block_table`) and ALiBi slopes.
-`num_splits` is a CUDA scheduling hint and changes nothing here.
+(in adaptive mode each wait launches what the engine holds). Refused, with what to do instead:
+dropout (flash-attn's Philox mask is CUDA's; varlen_attn never asks it), a paged KV cache
+(`block_table`) and ALiBi slopes. `num_splits` is a CUDA scheduling hint and changes nothing
+here.
 """
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ def _host_values(t: Tensor) -> list[int]:
     values = t.tolist()
 
     def forget(ref, key=key):
-        if _READ_OFFSETS.get(key, (None,))[0] is ref:
-            del _READ_OFFSETS[key]
+        kept = _READ_OFFSETS.pop(key, None)
+        if kept is not None and kept[0] is not ref:  # the id's newer tensor: keep its entry
+            _READ_OFFSETS.setdefault(key, kept)
 
     _READ_OFFSETS[key] = (weakref.ref(t, forget), t._version, values)
     return values

@@ -21,6 +21,7 @@ accelerator goes through Lightning's code untouched.
 from __future__ import annotations
 
 import importlib
+
 import torch
 
 NAME = "neuron"

@@ -92,7 +92,7 @@ def test_float8_training_matmuls_are_scaled_fp8_launches_on_neuron():
     assert not {"neuron::aten::mm", "neuron::aten::addmm", "neuron::aten::bmm"} & set(launched)
 
 
-# One MLP block whose matmuls are compute-bound (1024 on every side), a float8 training step
+# One MLP block whose matmuls are compute-bound (512 on every side), a float8 training step
 # against the same step in bf16, adaptive (one launch), on the trn3 profile; each priced op's
 # time from the op log, split into the matmuls and the rest.
 _STEP_TIMES = """
@@ -105,13 +105,13 @@ _STEP_TIMES = """
     out = {}
     for fp8 in (False, True):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.GELU(), nn.Linear(1024, 1024, bias=False))
+        model = nn.Sequential(nn.Linear(512, 512, bias=False), nn.GELU(), nn.Linear(512, 512, bias=False))
         model = model.to(torch.bfloat16)
         if fp8:
             model = convert_to_float8_training(model)
         model = model.to("neuron")
         # torchao computes every input gradient: so does bf16 here, for the same FLOPs
-        x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="neuron", requires_grad=True)
+        x = torch.randn(512, 512, dtype=torch.bfloat16, device="neuron", requires_grad=True)
         with adaptive_eager.mode("adaptive"):
             for step in range(6):
                 adaptive_eager.reset_stats()
