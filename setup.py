@@ -8,6 +8,7 @@ requirement, pinned as at run time so the headers match the library).
 import glob
 import os
 
+import torch
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -20,6 +21,10 @@ setup(
     # its files include the shared headers by their path from csrc/.
     ext_modules=[CppExtension("adaptive_eager.device._C", sorted(glob.glob("device/csrc/**/*.cpp", recursive=True)),
                               depends=sorted(glob.glob("device/csrc/**/*.h", recursive=True)),
-                              include_dirs=[os.path.abspath("device/csrc")], extra_compile_args=["-O2", "-g0"])],
+                              # kineto's headers (the profiler's device track, runtime/device_timeline.cpp)
+                              # are included by their bare names, as torch's own headers include them
+                              include_dirs=[os.path.abspath("device/csrc"),
+                                            os.path.join(os.path.dirname(torch.__file__), "include", "kineto")],
+                              extra_compile_args=["-O2", "-g0"])],
     cmdclass={"build_ext": BuildExtension},
 )

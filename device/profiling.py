@@ -1,5 +1,8 @@
 """Launches, transfers and sync points as named `torch.profiler` ranges.
 
+(A profile that asks for the device's activity also gets the device's own track on the
+modelled clock: Note [The device timeline], device/csrc/runtime/device_timeline.cpp.)
+
 Every launch shows up in a CPU profiler trace as a range on the thread that issued it:
 `neuron::aten::addmm` (an eager launch), `neuron::fused[trace 3, 118 ops]` (a fused one),
 `neuron::transfer[host->device]`, `neuron::sync[host read]`. The layers above open the

@@ -110,11 +110,12 @@ class Runtime:
         return self.devices[self.check_index(index)]
 
     # -- launches and transfers ----------------------------------------------------------
-    def launch(self, index: int, op_costs_us: float, num_ops: int = 1) -> float:
-        """Account one kernel launch holding num_ops ops whose roofline time is op_costs_us.
-        Returns the launch's emulated device time."""
+    def launch(self, index: int, op_costs_us: float, num_ops: int = 1, name: str = "kernel") -> float:
+        """Account one kernel launch holding num_ops ops whose roofline time is op_costs_us
+        (name: the kernel's, on the profiler's device timeline). Returns the launch's emulated
+        device time."""
         overhead = self.cost.launch_overhead_us
-        total = native.account_launch(index, overhead, op_costs_us, num_ops)
+        total = native.account_launch(index, overhead, op_costs_us, num_ops, name)
         if self.config.spend_launch_overhead and overhead:
             _spin_us(overhead)
         return total

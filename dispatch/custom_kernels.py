@@ -123,12 +123,13 @@ def _on_host(fn, overload, neuron_made_on_host: bool = False):
             # Note [NKI kernels on neuron]: a body that ran NKI kernels costs their modelled time,
             # and the framework's copies of their non-row-major arguments (device/nki/kernel.py)
             copies_us = sum(runtime.cost.op_us(0, 2 * nbytes, torch.float32) for nbytes in kernels.staged)
-            runtime.launch(index, kernels.us + copies_us)
+            runtime.launch(index, kernels.us + copies_us, name=overload.name())
         else:
             out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
             dtype = next((t.dtype for t in pytree.tree_leaves((host_args, host_kwargs))
                           if isinstance(t, torch.Tensor)), None)
-            runtime.launch(index, priced_us(info, host_args, host_kwargs, out, in_bytes[0] + out_bytes, dtype))
+            runtime.launch(index, priced_us(info, host_args, host_kwargs, out, in_bytes[0] + out_bytes, dtype),
+                           name=overload.name())
         return pytree.tree_map(lambda t: native.adopt(t, index) if isinstance(t, torch.Tensor) else t, out)
 
     kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"

@@ -72,7 +72,7 @@ def kernel_ran(*args) -> None:
     if tensors:
         runtime = CONTEXT.runtime
         nbytes = sum(t.nbytes for t in tensors)
-        runtime.launch(tensors[0].device.index, runtime.cost.op_us(0, nbytes, tensors[0].dtype))
+        runtime.launch(tensors[0].device.index, runtime.cost.op_us(0, nbytes, tensors[0].dtype), name="inductor kernel")
 
 
 def _register_device_op_overrides() -> None:

@@ -72,8 +72,8 @@ def run_with_timeline(kernel, args, kwargs):
     host_args, host_kwargs = pytree.tree_map(to_host, (args, kwargs))
     result, timeline = device_nki.run(kernel, host_args, host_kwargs, cores=_cores(kernel))
     for nbytes in timeline.staged:  # the framework's copy of a non-row-major argument, one op each way
-        runtime.launch(index, runtime.cost.op_us(0, 2 * nbytes, torch.float32))
-    runtime.launch(index, timeline.total_ns / 1000)
+        runtime.launch(index, runtime.cost.op_us(0, 2 * nbytes, torch.float32), name="nki staging copy")
+    runtime.launch(index, timeline.total_ns / 1000, name=f"nki::{getattr(kernel, '__name__', 'kernel')}")
 
     def to_device(t):
         if not isinstance(t, torch.Tensor):

@@ -1362,6 +1362,8 @@ def _run_queue_profiled(p: Pending) -> int:
     """run_queue() inside the launch's fused range, its device time nested at the end
     (Note [Profiler ranges])."""
     with _fused_range(p):
+        if native.timeline_recording():  # the launch's name on the device's track
+            native.label_next_launch(fused_range_name(p.trace.id, p.pos - p.done))
         try:
             return native.run_queue()
         finally:  # a failed launch still ran (and charged) the ops before the failing one

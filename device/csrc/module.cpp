@@ -27,6 +27,7 @@ void install(int64_t device_count, const std::vector<int64_t>& capacities, doubl
   neuron::install_memory(capacities);
   neuron::install_clock(static_cast<DeviceIndex>(device_count), launch_overhead_us, spend_overhead);
   neuron::install_generators(static_cast<DeviceIndex>(device_count), seed);
+  neuron::install_device_timeline();
 }
 
 py::dict memory_stats(int64_t index) {
@@ -117,9 +118,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_memory_fraction", [](int64_t d, double fraction) { neuron::set_memory_fraction(index_of(d), fraction); });
   m.def("reset_peak", [](int64_t d) { neuron::reset_peak(index_of(d)); });
   // clock
-  m.def("account_launch", [](int64_t d, double overhead_us, double op_us, int64_t num_ops) {
-    return neuron::account_launch(index_of(d), overhead_us, op_us, num_ops);
-  });
+  m.def(
+      "account_launch",
+      [](int64_t d, double overhead_us, double op_us, int64_t num_ops, const std::string& name) {
+        return neuron::account_launch(index_of(d), overhead_us, op_us, num_ops, name);
+      },
+      py::arg("d"), py::arg("overhead_us"), py::arg("op_us"), py::arg("num_ops"), py::arg("name") = "kernel",
+      "name: the kernel's, on the device timeline");
+  // the device's track in torch.profiler (Note [The device timeline])
+  m.def("timeline_recording", &neuron::timeline_recording);
+  m.def("label_next_launch", &neuron::label_next_launch, "the device timeline's name of the next launch this thread issues");
   m.def("transfer", [](int64_t d, int64_t nbytes, double us) { neuron::transfer(index_of(d), nbytes, us); });
   m.def("refund", [](int64_t d, double op_us, int64_t num_ops) { neuron::refund(index_of(d), op_us, num_ops); });
   m.def("counters", &counters, "(launches, kernel_ops, transfers, transfer_bytes, device_time_us, launch_overhead_us)");

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <typeinfo>
 #include <unordered_map>
 #include <utility>
@@ -228,11 +229,52 @@ void destroy_event(void* event) noexcept;
 void synchronize_event(void* event);
 double elapsed_ms(void* start, void* end);
 
+// device_timeline.cpp: the device's track in torch.profiler (Note [The device timeline]).
+void install_device_timeline();
+bool timeline_recording();  // a profiler session asking for the device's track records now
+struct TimelineTag {  // what ties a device op to the host: kineto's correlation id, the user's line
+  uint64_t correlation = 0;
+  IssueSite site;
+};
+struct TimelineIssue {  // where and when the host issued a launch
+  int64_t ns = 0;
+  int32_t thread = 0;
+  c10::StreamId stream = 0;
+  TimelineTag tag;
+  std::string label;  // the launch's name, if its issuer gave one (label_next_launch)
+};
+TimelineIssue timeline_issue();  // the calling thread's, now (it takes the label given)
+TimelineTag timeline_tag();  // the calling thread's, now
+void label_next_launch(std::string label);  // names the next launch this thread issues
+struct TimelineIssueScope {  // while it lives, this thread's launches are `issue`'s
+  explicit TimelineIssueScope(const TimelineIssue* issue);
+  ~TimelineIssueScope();
+  TimelineIssueScope(const TimelineIssueScope&) = delete;
+  TimelineIssueScope& operator=(const TimelineIssueScope&) = delete;
+  const TimelineIssue* previous;
+};
+struct TimelineOpScope {  // while it lives, the ops this thread prices are the op `tag` tags
+  explicit TimelineOpScope(const TimelineTag* tag);
+  ~TimelineOpScope();
+  TimelineOpScope(const TimelineOpScope&) = delete;
+  TimelineOpScope& operator=(const TimelineOpScope&) = delete;
+  const TimelineTag* previous;
+};
+struct TimelineOp {
+  std::string name;
+  double us;
+  TimelineTag tag;
+};
+void timeline_op(std::vector<TimelineOp>* ops, std::string_view name, double op_us);  // one op of a launch
+void timeline_launch(c10::DeviceIndex d, double overhead_us, double total_us, std::vector<TimelineOp> ops);
+void timeline_transfer(c10::DeviceIndex d, int64_t nbytes, double us);
+
 // clock.cpp: one launch of num_ops ops whose roofline time is op_us, on device d's clock;
 // returns its emulated time (launch overhead included).
-double launch(c10::DeviceIndex d, double op_us, int64_t num_ops);
+// name: its op's, for the device timeline.
+double launch(c10::DeviceIndex d, double op_us, int64_t num_ops, std::string_view name);
 // The accounting alone, with the given overhead, spending nothing (Python spends it itself).
-double account_launch(c10::DeviceIndex d, double overhead_us, double op_us, int64_t num_ops);
+double account_launch(c10::DeviceIndex d, double overhead_us, double op_us, int64_t num_ops, std::string_view name);
 // on_chip.cpp, Note [On-chip intermediates] (device/cost.py): what stays on chip of the op now
 // running in a fused launch, for the first launch it makes (which takes it: nothing after, and
 // outside a queued launch's op).
@@ -270,6 +312,7 @@ struct FusedLaunch {
   // settle_deferred_prices, and `entry` names the entry whose op runs.
   std::vector<DeferredPrice>* deferred = nullptr;
   int64_t entry = -1;
+  std::vector<TimelineOp> timeline_ops;  // while the device timeline records (device_timeline.cpp)
 };
 // Works out a streamed launch's deferred prices in the order they were made, each entry's
 // on-chip share (share(entry)) going to its first roofline, as take_on_chip gives it

@@ -208,7 +208,7 @@ double launch_op(c10::DeviceIndex d, const std::string& name, double flops, doub
   const OnChipShare on_chip = take_on_chip();
   const double op_us = roofline_us(flops, std::max(0.0, nbytes - on_chip.bytes), on_chip.folded ? 0 : elements, dtype);
   log_op(name, op_us);
-  return launch(d, op_us, 1);
+  return launch(d, op_us, 1, name);
 }
 
 double charge_host_round_trip(c10::DeviceIndex d, double argument_bytes, double result_bytes) {
@@ -227,6 +227,9 @@ void settle_deferred_prices(FusedLaunch& launch, const std::function<OnChipShare
     if (!p.roofline) {
       launch.op_us += p.op_us;
       launch.num_ops += p.num_ops;
+      if (timeline_recording()) {  // a streamed launch sealed while a profiler records
+        launch.timeline_ops.push_back(TimelineOp{"kernel", p.op_us, {}});
+      }
       continue;
     }
     OnChipShare on_chip;
@@ -237,6 +240,9 @@ void settle_deferred_prices(FusedLaunch& launch, const std::function<OnChipShare
     const double op_us = eager_detail::roofline_us(p.flops, std::max(0.0, p.nbytes - on_chip.bytes),
                                                    on_chip.folded ? 0 : p.elements, p.dtype);
     log_op(p.name, op_us);
+    if (timeline_recording()) {
+      launch.timeline_ops.push_back(TimelineOp{p.name, op_us, {}});
+    }
     launch.op_us += op_us;  // as launch() adds it inside a fused launch
     launch.num_ops += 1;
   }

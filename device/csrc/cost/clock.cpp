@@ -10,7 +10,9 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -71,7 +73,22 @@ void install_clock(c10::DeviceIndex count, double launch_overhead_us, bool spend
 
 void set_spend_overhead(bool spend) { g_spend_overhead.store(spend); }
 
-double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t num_ops) {
+namespace {
+
+// One launch on d's counters and clock; g_lock taken here.
+double charge_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t num_ops) {
+  const double total = overhead + op_us;
+  std::lock_guard<std::mutex> guard(g_lock);
+  Counters& c = counters_of(d);
+  count_launch_locked(d, c, num_ops);
+  c.device_time_us += total;
+  c.launch_overhead_us += overhead;
+  return total;
+}
+
+}  // namespace
+
+double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t num_ops, std::string_view name) {
   if (t_fused != nullptr && t_fused->deferred != nullptr) {  // Note [Streamed launches] (engine/queue.cpp)
     t_fused->deferred->push_back(DeferredPrice{t_fused->entry, false, {}, 0, 0, 0, at::kFloat, op_us, num_ops});
     return op_us;
@@ -79,25 +96,26 @@ double account_launch(c10::DeviceIndex d, double overhead, double op_us, int64_t
   if (t_fused != nullptr) {  // a Python kernel inside a fused launch: one of its ops
     t_fused->op_us += op_us;
     t_fused->num_ops += num_ops;
+    if (timeline_recording()) {
+      timeline_op(&t_fused->timeline_ops, name, op_us);
+    }
     return op_us;
   }
-  const double total = overhead + op_us;
-  {
-    std::lock_guard<std::mutex> guard(g_lock);
-    Counters& c = counters_of(d);
-    count_launch_locked(d, c, num_ops);
-    c.device_time_us += total;
-    c.launch_overhead_us += overhead;
+  const double total = charge_launch(d, overhead, op_us, num_ops);
+  if (timeline_recording()) {
+    std::vector<TimelineOp> ops;
+    timeline_op(&ops, name, op_us);
+    timeline_launch(d, overhead, total, std::move(ops));
   }
   return total;
 }
 
-double launch(c10::DeviceIndex d, double op_us, int64_t num_ops) {
+double launch(c10::DeviceIndex d, double op_us, int64_t num_ops, std::string_view name) {
   if (t_fused != nullptr) {  // one op of a fused launch: accounted when the launch ends
-    return account_launch(d, 0, op_us, num_ops);
+    return account_launch(d, 0, op_us, num_ops, name);
   }
   const double overhead = g_launch_overhead_us;
-  const double total = account_launch(d, overhead, op_us, num_ops);
+  const double total = account_launch(d, overhead, op_us, num_ops, name);
   spin_overhead(overhead);
   return total;
 }
@@ -135,10 +153,25 @@ std::pair<double, int64_t> t_last_fused{0, 0};
 FusedLaunch::~FusedLaunch() {
   t_fused = previous;
   t_last_fused = {0, num_ops};
+  const double overhead = g_launch_overhead_us;
   if (issued_ops >= 0) {
     t_last_fused.first = settle_issued_launch(device, op_us, num_ops, issued_ops);
+  } else if (num_ops > 0 && previous != nullptr) {  // inside another fused launch: its ops join it
+    if (previous->deferred != nullptr) {  // Note [Streamed launches] (engine/queue.cpp)
+      previous->deferred->push_back(DeferredPrice{previous->entry, false, {}, 0, 0, 0, at::kFloat, op_us, num_ops});
+    } else {
+      previous->op_us += op_us;
+      previous->num_ops += num_ops;
+      std::move(timeline_ops.begin(), timeline_ops.end(), std::back_inserter(previous->timeline_ops));
+    }
+    t_last_fused.first = op_us;
+    return;
   } else if (num_ops > 0) {  // the ops that ran, a failed launch's included
-    t_last_fused.first = launch(device, op_us, num_ops);
+    t_last_fused.first = charge_launch(device, overhead, op_us, num_ops);
+    spin_overhead(overhead);
+  }
+  if (num_ops > 0 && timeline_recording()) {
+    timeline_launch(device, overhead, t_last_fused.first, std::move(timeline_ops));
   }
 }
 
@@ -152,11 +185,16 @@ FusedLaunchOnThread::~FusedLaunchOnThread() { t_fused = previous; }
 std::pair<double, int64_t> last_fused_launch() { return t_last_fused; }
 
 void transfer(c10::DeviceIndex d, int64_t nbytes, double us) {
-  std::lock_guard<std::mutex> guard(g_lock);
-  Counters& c = counters_of(d);
-  c.transfers += 1;
-  c.transfer_bytes += nbytes;
-  c.device_time_us += us;
+  {
+    std::lock_guard<std::mutex> guard(g_lock);
+    Counters& c = counters_of(d);
+    c.transfers += 1;
+    c.transfer_bytes += nbytes;
+    c.device_time_us += us;
+  }
+  if (timeline_recording()) {
+    timeline_transfer(d, nbytes, us);
+  }
 }
 
 void refund(c10::DeviceIndex d, double op_us, int64_t num_ops) {

@@ -58,6 +58,7 @@ struct Entry {
   // A random op's copy of torch's default CPU generator at issue (Note [Deferred random ops
   // draw at issue], aten/generator_lending.cpp): what it draws from when it runs.
   std::optional<at::Generator> draws_from;
+  TimelineTag timeline;  // while the device timeline records: its host op and line (Note [The device timeline])
 };
 
 // Note [Streamed launches] (queue.cpp): the host's side of a launch that runs while it is

@@ -385,6 +385,7 @@ void run_entry(Launch& launch, Entry& entry) {
   }
   {
     const DrawsFrom drawn(entry.draws_from);  // Note [Deferred random ops draw at issue]
+    const TimelineOpScope tagged(&entry.timeline);
     entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   }
   release_pending(entry);
@@ -726,6 +727,9 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
   const auto& arguments = schema.arguments();
   const size_t first = stack->size() - arguments.size();
   Entry entry{op, {}, {}, {}, plan, {}};
+  if (timeline_recording()) {
+    entry.timeline = timeline_tag();
+  }
   std::vector<IValue> returned;
   size_t next = 0;
   size_t next_list = 0;

@@ -37,6 +37,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -344,10 +345,17 @@ void run_on_device(const std::function<void()>& job) {
   // The issuing thread's state (grad mode, profiler callbacks, dispatch keys), as autograd's
   // threads take the caller's: a profiler records the kernel's ranges, on the device's thread.
   at::ThreadLocalState state;
+  // Who issued it, for the device timeline (Note [The device timeline]): captured here, on
+  // the issuing thread, where kineto's correlation id and the user's frame are.
+  std::optional<TimelineIssue> issue;
+  if (timeline_recording()) {
+    issue = timeline_issue();
+  }
   take_host_thread_count();
   const uint64_t ticket = g_executor->post(Job{[&] {
                                                  try {
                                                    const at::ThreadLocalStateGuard guard(state);
+                                                   const TimelineIssueScope issued(issue ? &*issue : nullptr);
                                                    job();
                                                  } catch (...) {
                                                    error = std::current_exception();
