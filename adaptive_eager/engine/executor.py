@@ -54,7 +54,8 @@ from .native_guards import compile_guards
 from .config import EngineConfig
 from .detector import PeriodDetector
 from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
-                      erased_signature, exact_proto, generic_covers, generic_difference)
+                      differs_in_sizes_only, erased_signature, exact_proto, generic_covers,
+                      generic_difference)
 from .pending import Pending, launch_error
 from .phase import Phase
 from .trace import Trace, build_proto, build_trace, output_slots
@@ -741,9 +742,40 @@ class AdaptiveExecutor(Executor):
         self._flush("divergence")
         self._stop_matching()
         self._resume_detection()
+        if p.trace.generic and differs_in_sizes_only(expected, rec):
+            self._sizes_parted(p.trace)
         p.trace.strikes += 1
         if p.trace.strikes >= _RETIRE_STRIKES:
             self._retire(p.trace)
+
+    def _sizes_parted(self, trace: Trace) -> None:
+        """Note [Sizes that parted]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~
+        A generic trace relates sizes as its two sightings did (Note [Shape-generic traces]):
+        two sizes that changed alike there are one symbol, one that did not change is a
+        constant. Two caches can change alike for a while and then part: Gemma2's sliding-
+        window layers' cache grows with the full-attention layers' until the window is full,
+        then stays. The trace adopted before then diverges at every token after, where the
+        sizes part; the size-erased stream goes on repeating with the same period, so its
+        detector did not fire again, and the token ran unfused until the trace retired
+        (eight tokens). So a divergence on sizes alone (the same op, arguments of the same
+        structure) asks the size-erased period to fire once more at the next op: its two
+        latest sightings, taken at the step's next cut (_plan_generic), relate the sizes as
+        they go now, and become a trace tried before the one that diverged (_demote_parted).
+        Sightings that relate them as before rebuild the same key, which is cached already:
+        nothing is adopted, and the next divergence asks again. (Not while detection is
+        paused: the next op is not pushed, and the request would fire at a later, unrelated run.)"""
+        if trace.shape_period and not self.detection_paused:
+            self.shape_detector.fire_again(trace.shape_period, after=1)
+
+    def _demote_parted(self, trace: Trace) -> None:
+        """Note [Sizes that parted]: a generic trace just adopted goes ahead of those of its
+        length and first op that diverged since they last completed (adding it sorted it
+        behind them, undoing their demotion): the stream left them, and trying them first
+        cost one more token op by op."""
+        for other in list(self.cache.by_first_op.get(trace.protos[0].info.op, ())):
+            if other is not trace and other.generic and other.strikes and len(other) == len(trace):
+                self.cache.demote(other)
 
     def _retire(self, trace: Trace) -> None:
         """Note [A trace that keeps diverging retires]
@@ -1142,7 +1174,9 @@ class AdaptiveExecutor(Executor):
                     continue
                 if trace.key in self.cache or trace.key in self.retired:
                     continue
+                trace.shape_period = period
                 self._cache_found(trace)
+                self._demote_parted(trace)
                 self.counters.generic_traces += 1
                 adopted = adopted or trace
                 self._pause_after = max(self._pause_after, 4 * (hi - lo))

@@ -11,7 +11,9 @@ a period repeats there, two consecutive sightings of it (A and B) are compared i
   (a, b)) are one symbol. The first occurrence binds the symbol at match time, each later
   one must equal it: sizes must relate as they did when recorded (the same size flowing from
   the same inputs and producers), not be equal to what they were ("duck sizing", as dynamo
-  guards dynamic shapes).
+  guards dynamic shapes). Sizes that changed alike in A and B by chance and part later (two
+  caches, one of which stops growing) make the trace diverge: Note [Sizes that parted] in
+  executor.py has the next two sightings adopted.
 A matched op is deferred with a plan from its shape function, at issue (Note [Plans from
 shape functions], device/csrc/engine/meta_plan.cpp): its outputs get the geometry this very call
 gives them, so correctness never rests on the relations above; they decide which calls are
@@ -351,6 +353,12 @@ class _Call:
 
     def __init__(self, rec):
         self.signature, self.args_t, self.kwargs_t, self.erased = rec.signature, rec.args, rec.kwargs, None
+
+
+def differs_in_sizes_only(expected: GenericProto, rec) -> bool:
+    """Whether a call that did not fit a generic position is its op with arguments of the same
+    structure: only its sizes broke the constants and relations recorded."""
+    return expected.info.op is rec.func and erase(_Call(rec))[0] == expected.erased[0]
 
 
 def generic_difference(expected: GenericProto, rec, syms: list) -> str:

@@ -134,6 +134,35 @@ def test_generate_right_after_training_in_the_same_process_settles_to_one_launch
     assert max(launches[4:]) <= 1, launches  # per_token()[4]: the 6th token's launches
 
 
+@pytest.mark.parametrize("window", [6, 8])
+def test_gemma2_past_its_sliding_window_runs_one_launch_per_token(window):
+    """Issue 36: Gemma2's sliding-window layers keep the last `window` positions, its full-
+    attention layers all of them, so their caches grow alike until the window is full, then
+    part. The token trace adopted before that related the two as one size and diverged at
+    every token after ([154, 146, 65, 65, 65, 65, 65, 65, 65, 65, 154, 16, 1, ...] launches per
+    token at window 6) until it retired; now its divergence on sizes alone has the next two
+    tokens adopted as a trace (Note [Sizes that parted]): [154, 146, 65, 16, 1, ...]."""
+    def model():
+        torch.manual_seed(0)
+        return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=window)).eval()
+
+    prompt = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
+    outs = []
+    for device, mode in (("cpu", "eager"), ("neuron", "adaptive")):
+        with adaptive_eager.mode(mode):
+            counter = _LaunchesPerToken()
+            tokens = model().to(device).generate(
+                prompt.to(device), max_new_tokens=24, do_sample=False, pad_token_id=0,
+                logits_processor=transformers.LogitsProcessorList([counter]))
+            outs.append((tokens.cpu(), counter.per_token()))
+    (cpu, _), (neuron, launches) = outs
+    assert torch.equal(neuron, cpu)
+    assert cpu.shape[1] > 5 + window + 8  # the window filled, and many tokens came after
+    assert max(launches[6:]) <= 1, launches  # per_token()[6]: the 8th token's launches
+
+
 def test_repeated_generate_calls_match_most_of_their_ops_in_cpp_once_detection_finds_nothing_new():
     """Issue 35, Note [Detection that finds nothing pauses]: each generate() call ends with a
     divergence (the last token sets the done flag) and runs a dozen ops between its traces,
