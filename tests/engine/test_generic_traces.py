@@ -20,9 +20,10 @@ class CachedDecoder(nn.Module):
     """A decoder whose attention reads a KV cache grown by torch.cat, one position per token
     (as Hugging Face's DynamicCache does): every token's ops have new sizes."""
 
-    def __init__(self, vocab=32, dim=16, heads=2, layers=2):
+    def __init__(self, vocab=32, dim=16, heads=2, layers=2, window=None):
         super().__init__()
         self.heads = heads
+        self.window = window  # layer 0 keeps the last `window` positions only (a sliding window)
         self.tok = nn.Embedding(vocab, dim)
         self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim) for _ in range(layers))
         self.proj = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
@@ -36,17 +37,17 @@ class CachedDecoder(nn.Module):
             q, k, v = (z.view(b, 1, self.heads, d // self.heads).transpose(1, 2) for z in qkv(x).split(d, dim=2))
             if cache[i] is not None:
                 k, v = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)
-            cache[i] = (k, v)
+            cache[i] = (k, v) if i or self.window is None else (k[:, :, -self.window:], v[:, :, -self.window:])
             y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d)
             x = x + proj(y)
         return self.head(self.norm(x))[:, -1]
 
 
-def _decode(device: str, mode: str, tokens: int = 16):
+def _decode(device: str, mode: str, tokens: int = 16, window=None):
     """Greedy tokens (on the device: no host read per token), launches per token, and the
     device's busy time (device time less launch overheads) per token."""
     torch.manual_seed(0)
-    model = CachedDecoder().to(device).eval()
+    model = CachedDecoder(window=window).to(device).eval()
     tok = torch.tensor([[3], [5]], device=device)
     cache, out, launches, busy = [None, None], [], [], []
     with adaptive_eager.mode(mode), torch.no_grad():
@@ -72,6 +73,19 @@ def test_decoding_with_a_growing_kv_cache_runs_one_launch_per_token_with_cpus_to
     assert launches[WARMUP:] == [1] * (len(launches) - WARMUP), launches
     generic = [t for t in adaptive_eager.explain().traces if t.sizes]
     assert generic and generic[0].hits >= len(launches) - WARMUP, adaptive_eager.explain()
+
+
+def test_two_caches_that_grow_alike_then_part_run_one_launch_per_token_soon_after():
+    """Note [Sizes that parted]: layer 0 keeps a sliding window of 4 positions, layer 1 all of
+    them, so the two caches grow alike for the first tokens and the token trace adopted then
+    relates their sizes as one; past the window, layer 0's stays. The trace diverged at every
+    token until it retired, and the size-erased stream, repeating all along, never fired again:
+    op by op for good ([12, 16, 16, 1, 1, 9, 9, 9, 9, 9, 9, 9, 9, 16, 16, ...]). Now the
+    divergence has the next two tokens adopted: [12, 16, 16, 1, 1, 9, 9, 1, 1, ...]."""
+    cpu, _, _ = _decode("cpu", "eager", tokens=24, window=4)
+    adaptive, launches, _ = _decode("neuron", "adaptive", tokens=24, window=4)
+    assert torch.equal(adaptive, cpu)
+    assert max(launches[8:]) <= 1, launches
 
 
 def test_a_shape_generic_launch_is_priced_at_the_shapes_it_ran_with():
