@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+import adaptive_eager
 from clients import assert_bitwise, require, train
 
 diffusers = require("diffusers")
@@ -46,3 +48,24 @@ def test_unet_training_is_bitwise_cpus_in_one_launch_a_step():
     assert_bitwise(cpu, adaptive)
     assert max(adaptive.launches[STEADY:]) <= MAX_LAUNCHES, f"adaptive launches per step {adaptive.launches}"
     assert adaptive.launches[0] > 10 * MAX_LAUNCHES  # the first step ran op by op: the bound means something
+
+
+PROMPT = "w5 w6 w7"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="adaptive mode's 64x64 image is about 1e-6 off CPU's after one 512x512 call of the whole "
+                          "pipeline (3e-6 in the VAE decode; a 512x512 VAE decode alone does not do it): found "
+                          "serving through vLLM-Omni, which warms every engine up at 512x512")
+def test_sd3_pipeline_after_a_larger_image_is_bitwise_cpus_in_adaptive_mode(tmp_path):
+    from tiny_sd3 import CALL, MAX_SEQUENCE_LENGTH, WITHOUT_T5, diffusers_on_cpu, write_tiny_sd3
+
+    model = write_tiny_sd3(str(tmp_path / "sd3"))
+    (want,) = diffusers_on_cpu(model, [PROMPT], [0])
+    pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(model, dtype=torch.float32, **WITHOUT_T5).to("neuron")
+    with adaptive_eager.mode("adaptive"), torch.inference_mode():
+        pipe(prompt="dummy run", generator=torch.Generator().manual_seed(0), output_type="pt", num_inference_steps=2,
+             height=512, width=512, guidance_scale=0.0, max_sequence_length=MAX_SEQUENCE_LENGTH)
+        got = pipe(prompt=PROMPT, generator=torch.Generator().manual_seed(0), output_type="pt",
+                   max_sequence_length=MAX_SEQUENCE_LENGTH, **CALL).images[0].cpu()
+    assert torch.equal(got, want), f"max difference {(got - want).abs().max().item()}"
