@@ -101,6 +101,11 @@ def test_the_platform_answers_neuron_sdpa_and_the_neuron_compile_backend():
         NeuronOmniPlatform.get_diffusion_attn_backend_cls("FLASH_ATTN", 64)
     assert NeuronOmniPlatform.get_compile_backend() == "neuron"
     assert NeuronOmniPlatform().is_out_of_tree()
+    free, total = NeuronOmniPlatform.get_device_memory(torch.device("neuron", 0))
+    assert 0 < free <= total == torch.neuron.get_device_properties(0).total_memory
+    event = NeuronOmniPlatform.record_device_event()
+    assert event.device == torch.device("neuron", 0)
+    event.synchronize()
 
 
 def test_vllm_omni_serves_on_neuron_tensors(runs):
