@@ -247,23 +247,35 @@ def generic_covers(trace: Trace, seg) -> bool:
 
 
 def _meta_inputs(signature) -> list:
-    """The tensors of a recorded call, rebuilt as meta tensors (CPU scalars as CPU 0-dim ones)."""
+    """The tensors of a recorded call as the C++ stack holds them (what pointwise_plan in
+    meta_plan.cpp builds its TensorIterator from): meta tensors, CPU scalars as CPU 0-dim ones,
+    and a lifted float or complex passed where the schema says Tensor (`x / 1.0`) as the
+    wrapped number it is there, a CPU 0-dim tensor too. Leaving that one out changes the
+    geometry: with it the operands differ in shape and TensorIterator orders a size-1 dim by
+    its stride; without it an input alone is "channels last contiguous" and its output gets
+    channels last's strides, which eager's never had (Note [Shape-generic traces])."""
     found = []
 
-    def walk(key):
+    def walk(key, is_tensor: bool):
         if _is_tensor_key(key):
             shape, stride, offset, dtype, _ = key
             span = 1 + offset + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0)
             found.append(torch.empty(span, dtype=dtype, device="meta").as_strided(shape, stride, offset))
         elif isinstance(key, tuple) and len(key) == 2 and key[0] is CPU_SCALAR:
             found.append(torch.zeros((), dtype=key[1]))
+        elif is_tensor and key in (float, complex):  # a lifted number, wrapped on the C++ stack
+            found.append(torch.zeros((), dtype=torch.float64 if key is float else torch.complex128))
         elif type(key) is tuple:
             for k in key:
-                walk(k)
+                walk(k, False)
 
-    _, arg_keys, kw_keys = signature
-    walk(arg_keys)
-    walk(tuple(k for _, k in kw_keys))
+    func, arg_keys, kw_keys = signature
+    arguments = {a.name: a for a in func._schema.arguments}
+    positional = func._schema.arguments
+    for i, key in enumerate(arg_keys):
+        walk(key, i < len(positional) and isinstance(positional[i].type, torch.TensorType))
+    for name, key in kw_keys:
+        walk(key, name in arguments and isinstance(arguments[name].type, torch.TensorType))
     return found
 
 

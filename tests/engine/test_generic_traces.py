@@ -230,6 +230,30 @@ def test_outputs_of_a_generic_trace_have_eagers_strides():
     assert any(t.sizes and t.hits for t in adaptive_eager.explain().traces)
 
 
+def test_a_python_number_divisor_keeps_eagers_layout_and_the_next_kernels_bits():
+    # `y / 1.0` (a residual block's output_scale_factor, as Diffusers' VAE decoder has it) on
+    # a channels-last-like view with batch 1, whose batch stride (4) no layout fixes. Eager's
+    # TensorIterator sees two operands (the number is a wrapped CPU scalar) and keeps that
+    # stride; a plan that left the number out gave channels last's (C*H*W), and group_norm
+    # then ran its channels-last kernel: other bits, at the recorded sizes and at new ones.
+    def run(device, mode):
+        gen = torch.Generator().manual_seed(0)
+        w, b = torch.randn(4, generator=gen).to(device), torch.randn(4, generator=gen).to(device)
+        got = []
+        with adaptive_eager.mode(mode):
+            for h in (16, 24, 32, 40, 8, 8, 8):
+                x = torch.randn(1, h * h, 4, generator=gen).to(device)
+                y = x.transpose(1, 2).reshape(1, 4, h, h) / 1.0  # strides (4, 1, 4h, 4)
+                out = F.group_norm(y, 1, w, b)
+                got.append((y.stride(), out.stride(), out.cpu()))
+        return got
+
+    cpu, adaptive = run("cpu", "eager"), run("neuron", "adaptive")
+    assert [g[:2] for g in adaptive] == [g[:2] for g in cpu]
+    assert all(torch.equal(a[2], c[2]) for a, c in zip(adaptive, cpu))
+    assert any(t.sizes and t.hits for t in adaptive_eager.explain().traces)
+
+
 def test_a_step_of_one_op_with_changing_ints_runs_as_one_exact_launch():
     # 32 x.add_(i): by erased keys one op repeated, a 4-op generic trace would cut the step
     # into 8 launches; the unit that repeats is the whole step.
