@@ -53,11 +53,6 @@ def test_unet_training_is_bitwise_cpus_in_one_launch_a_step():
 PROMPT = "w5 w6 w7"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="adaptive mode's 64x64 image is about 1e-6 off CPU's after one 512x512 call of the whole "
-                          "pipeline (3e-6 in the VAE decode; a 512x512 VAE decode alone does not do it), from a "
-                          "shape-generic trace: NEURON_GENERIC_TRACES=0 makes it bitwise. Found serving through "
-                          "vLLM-Omni, which warms every engine up at 512x512")
 def test_sd3_pipeline_after_a_larger_image_is_bitwise_cpus_in_adaptive_mode(tmp_path):
     from tiny_sd3 import CALL, MAX_SEQUENCE_LENGTH, WITHOUT_T5, diffusers_on_cpu, write_tiny_sd3
 
