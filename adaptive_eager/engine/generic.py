@@ -20,6 +20,18 @@ gives them, so correctness never rests on the relations above; they decide which
 one program. The launch runs each op's own kernel and is priced, op by op, at the shapes it
 ran with, as eager mode prices it.
 
+That geometry must be eager's to the stride, not only the sizes: the launch copies a result
+into the layout handed out, and the next kernel reads that layout (group_norm and conv take
+their channels-last path for a channels-last input, and round differently). A size-1 dim's
+stride is where shape functions disagree. An elementwise op's plan is TensorIterator's,
+built over the operands its CPU kernel has: a Python number passed where the schema says
+Tensor (`x / 1.0`) is a wrapped CPU scalar on the C++ stack, and the check against the
+recorded runs (_checked_pointwise_dtype) must count it too, else it refuses the plan and the
+op's Python meta kernel decides (SD3's VAE decoder: channels last's batch stride for batch
+1, another group_norm kernel). Any other op's plan is its meta kernel's, unchecked: where
+that disagrees with the CPU kernel (flash attention's output for one query position), the
+outputs have another layout than eager's.
+
 On the chip (TorchNeuron) a graph is compiled per distinct shape; a serving deployment pads
 to a few bucketed lengths so that a handful of programs cover every step. The emulator does
 not model compile time: a generic trace is priced as if the program for each shape it meets
