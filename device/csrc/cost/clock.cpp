@@ -9,8 +9,8 @@
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <iterator>
 #include <mutex>
