@@ -35,11 +35,14 @@ _register()
 _native.add_internal_source_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
 
 from .stats import Stats, reset_stats, stats  # noqa: E402
+from .projection import is_projected, projection  # noqa: E402
 from .explain import Explanation, explain  # noqa: E402
 from .dispatch.custom_kernels import custom_kernel, set_cost  # noqa: E402
 from .dispatch.nki_kernels import nki_op  # noqa: E402
 
 _SWITCH.set(_default_mode)
+if _settings.read("NEURON_PROJECTION"):
+    _native.set_projection(True)  # the whole process: Note [Projected bytes]
 
 if _settings.read("ADAPTIVE_EAGER_NKI"):
     from . import nki as _nki  # `import nki` gives the emulator's NKI (adaptive_eager.nki.install)
@@ -60,4 +63,5 @@ _hide_packages(("adaptive_eager",), extra_modules=("_adaptive_eager_autoload",))
 __version__ = "0.1.0"
 
 
-__all__ = ["Explanation", "Stats", "custom_kernel", "explain", "get_mode", "mode", "nki_op", "reset_stats", "set_cost", "set_mode", "stats", "__version__"]
+__all__ = ["Explanation", "Stats", "custom_kernel", "explain", "get_mode", "is_projected", "mode", "nki_op", "projection",
+           "reset_stats", "set_cost", "set_mode", "stats", "__version__"]

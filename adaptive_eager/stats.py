@@ -31,6 +31,8 @@ class Stats:
     trace_switches: int = 0  # matches handed over to a cached trace with the same first ops
     stream_launches: int = 0  # fused launches that ran on the device stream, beside the host
     flushes: dict = dataclasses.field(default_factory=dict)  # reason -> pending work launched early
+    # projection mode (adaptive_eager.projection): host reads answered with a placeholder
+    placeholder_reads: int = 0
 
 
 def stats(device=None, *, wait: bool = True) -> Stats:
@@ -76,7 +78,11 @@ def stats(device=None, *, wait: bool = True) -> Stats:
         trace_switches=engine.counters.switches,
         stream_launches=engine.counters.stream_launches,
         flushes=dict(engine.counters.flushes),
+        placeholder_reads=native.placeholder_reads() - _placeholder_reads_at_reset[0],
     )
+
+
+_placeholder_reads_at_reset = [0]  # the process-wide count (C++) when the counters were last zeroed
 
 
 def reset_stats() -> None:
@@ -84,6 +90,7 @@ def reset_stats() -> None:
     CONTEXT.runtime.synchronize(None)
     CONTEXT.runtime.reset_counters()
     SWITCH.adaptive.reset_counters()
+    _placeholder_reads_at_reset[0] = native.placeholder_reads()
 
 
 def device_time_split(stats) -> dict:

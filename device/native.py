@@ -52,6 +52,13 @@ set_executor_spin = _C.set_executor_spin
 eager_issue_counts = _C.eager_issue_counts
 host_alias = _C.host_alias
 adopt = _C.adopt
+# projection mode: Note [Projected bytes] (csrc/runtime/memory.cpp), Note [Projected ops]
+set_projection = _C.set_projection
+projection_enabled = _C.projection_enabled
+is_projected = _C.is_projected
+placeholder_reads = _C.placeholder_reads
+adopt_meta = _C.adopt_meta
+forget_values = _C.forget_values
 # scaled_dot_product_attention's kernel (dispatch/attention.py)
 validate_sdpa_input = _C.validate_sdpa_input  # Note [SDPA's input checks]
 host_sdp_choice = _C.host_sdp_choice  # Note [The overrideable SDPA backend]

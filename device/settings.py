@@ -158,6 +158,8 @@ SETTINGS: tuple[Setting, ...] = (
             _integer(0, 100_000)),
     Setting("NEURON_PROFILER_SOURCES", False, "`0`", _FLAG,
             "`1`: fused launches' profiler ranges name their first and last source lines", _flag),
+    Setting("NEURON_PROJECTION", False, "`0`", _FLAG,
+            "`1`: the whole process in projection mode (tensors without bytes, costs as with them)", _flag),
     Setting("NEURON_PLATFORM_TARGET_OVERRIDE", None, "unset (the profile's)",
             "use one of gen2, gen3, gen4, inf2, trn1, trn2, trn3, or unset it to follow NEURON_PROFILE",
             "the NeuronCore generation NKI kernels are built for",

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.utils._pytree as pytree
+from torch._library.custom_ops import OPDEFS
+from torch._library.utils import can_generate_trivial_fake_impl
 
 from adaptive_eager.device import native
 from adaptive_eager.device.nki import measuring
@@ -96,6 +98,8 @@ def _on_host(fn, overload, neuron_made_on_host: bool = False):
         handled, out = native.offer(overload, args, kwargs)
         if handled:
             return out
+        if native.projection_enabled():
+            return _run_projected(overload, neuron_made_on_host, args, kwargs)
         device, in_bytes = [-1], [0]
 
         def to_host(x):
@@ -134,6 +138,50 @@ def _on_host(fn, overload, neuron_made_on_host: bool = False):
 
     kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"
     return kernel
+
+
+def _run_projected(overload, is_nki: bool, args, kwargs):
+    """Note [Custom kernels in projection mode]: tensors have no values (adaptive_eager.projection),
+    so the kernel's body cannot run: its shape function (`fake=`, or `register_fake`) runs on
+    meta tensors of its arguments' geometry instead, its results get projected bytes, and its
+    launch is priced by its cost hook (which reads shapes) or by bytes and FLOPs, as with values.
+    An NKI kernel's time comes from running it in the simulator, which needs values: refused."""
+    name = overload._schema.name
+    if is_nki:
+        raise NotImplementedError(
+            f"NKI kernel {name} in projection mode: its modelled time comes from running it in the NKI "
+            "simulator, which needs its arguments' values. Run it outside adaptive_eager.projection().")
+    shape_fn = torch._library.simple_registry.singleton.find(name).fake_impl.kernel
+    opdef = OPDEFS.get(name)  # a custom_op's fake kernel exists, and raises, where none was given
+    if shape_fn is None or (opdef is not None and opdef._abstract_fn is None
+                            and not can_generate_trivial_fake_impl(overload)):
+        raise NotImplementedError(
+            f"custom kernel {name} has no shape function, so projection mode cannot size its outputs without "
+            "computing them: give it one (custom_kernel(..., fake=...) or op.register_fake).")
+    device, in_bytes = [-1], [0]
+
+    def to_meta(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "neuron":
+            device[0] = x.device.index
+            in_bytes[0] += x.nbytes
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    meta_args, meta_kwargs = pytree.tree_map(to_meta, (args, kwargs))
+    out = shape_fn(*meta_args, **meta_kwargs)
+    runtime = CONTEXT.runtime
+    index = runtime.current_index if device[0] < 0 else device[0]
+    out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+    dtype = next((t.dtype for t in pytree.tree_leaves((meta_args, meta_kwargs)) if isinstance(t, torch.Tensor)), None)
+    runtime.launch(index, priced_us(classify(overload), meta_args, meta_kwargs, out, in_bytes[0] + out_bytes, dtype),
+                   name=overload.name())
+    for i, argument in enumerate(overload._schema.arguments):  # what it writes: values unknown now
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(argument.name)
+            for t in pytree.tree_leaves(value):
+                if isinstance(t, torch.Tensor) and t.device.type == "neuron":
+                    native.forget_values(t)
+    return pytree.tree_map(lambda t: native.adopt_meta(t, index) if isinstance(t, torch.Tensor) else t, out)
 
 
 class _NeuronMadeOnHost(torch.overrides.TorchFunctionMode):

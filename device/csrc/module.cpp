@@ -194,11 +194,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_internal_source_dir", &neuron::add_internal_source_dir,
         "a folder whose frames a posted op's error skips to name the user's line (Note [Where an op was issued])");
   m.def("set_launch_blocking", &neuron::set_launch_blocking, "True: every eager op runs while its issuer waits");
+  m.def("set_projection", &neuron::set_projection, "True: new neuron tensors carry no bytes, ops run their shape functions");
+  m.def("projection_enabled", &neuron::projection_enabled);
+  m.def("is_projected", [](const at::Tensor& t) { return t.device().type() == neuron::kNeuron && t.has_storage() && neuron::is_projected(t.storage()); },
+        "whether a neuron tensor carries no bytes (made in projection mode)");
+  m.def("placeholder_reads", &neuron::placeholder_reads, "host reads of projected values answered with a placeholder");
   m.def("set_executor_spin", &neuron::set_executor_spin, py::arg("microseconds"),
         "how long the device's thread watches its empty queue before it sleeps");
   m.def("eager_issue_counts", &neuron::eager_issue_counts, "eager ops issued so far: (posted, waited for)");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");
+  m.def("adopt_meta", &neuron::adopt_meta_tensor, "a neuron tensor without bytes, with a meta tensor's geometry");
+  m.def("forget_values", &neuron::forget_values, "a neuron tensor written without its values: projected from now on");
   // scaled_dot_product_attention's kernel on neuron (dispatch/attention.py)
   m.def("validate_sdpa_input", &neuron::validate_sdpa_input, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("attn_mask"), "raise CPU's error for inputs CPU's scaled_dot_product_attention refuses");

@@ -85,8 +85,22 @@ c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes);
 // A neuron DataPtr adopting a CPU storage's bytes, zero-copy. new_result: an op's new result,
 // charged unless in a ChargeScope; else (new bytes of an existing storage) always charged.
 c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result);
-// New bytes for a deferred output whose result came in another layout (charged as new_result).
-c10::DataPtr launch_bytes(c10::DeviceIndex d, size_t nbytes);
+// New bytes for a deferred output whose result came in another layout (charged as new_result);
+// projected: address space only (Note [Projected bytes]).
+c10::DataPtr launch_bytes(c10::DeviceIndex d, size_t nbytes, bool projected = false);
+// Note [Projected bytes] (memory.cpp): projection mode, in which new neuron storages carry no
+// bytes, only their charge and an address no one may read.
+void set_projection(bool on);
+bool projection_enabled();
+bool is_projected(const c10::Storage& storage);
+// A projected DataPtr for an op's result of nbytes, charged as adopt_bytes charges.
+c10::DataPtr adopt_projected(size_t nbytes, c10::DeviceIndex d, bool new_result);
+// storage's bytes become projected ones of nbytes: grown (a resize), charged as new bytes and
+// the old released; else the same charge moves over (a tensor written in projection mode).
+void project_in_place(const c10::Storage& storage, size_t nbytes, bool grown);
+// Host reads of projected values answered with a placeholder (0, zeros) so far (kernels.cpp,
+// Note [Host reads in projection mode]).
+int64_t placeholder_reads();
 // Whether ptr is the device's own, with no charge of its own (so it can take a placeholder's).
 bool uncharged_bytes(const c10::DataPtr& ptr);
 // bytes, uncharged, take placeholder's charge (then the placeholder's death releases nothing).
@@ -428,6 +442,11 @@ std::vector<std::string> covered_third_party_composites();
 // host's bytes (zero-copy, charged to device).
 at::Tensor owning_host_alias(const at::Tensor& t);
 at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device);
+// Projection mode's counterparts (Note [Projected bytes]): a neuron tensor with a meta tensor's
+// geometry on projected bytes of its storage's size, charged as an adopted result; and a neuron
+// tensor whose values a kernel run without them wrote (they are no longer known).
+at::Tensor adopt_meta_tensor(const at::Tensor& meta, int64_t device);
+void forget_values(const at::Tensor& t);
 // kernels.cpp: scaled_dot_product_attention's input checks, CPU's (its composite makes them
 // before any kernel runs); the kernel CPU's choice picks for host tensors with metadata of neuron
 // ones (Note [The overrideable SDPA backend]).

@@ -118,6 +118,9 @@ at::Generator draw_at_issue(const c10::OperatorHandle& op, const torch::jit::Sta
     std::lock_guard<std::mutex> guard(host.mutex());
     mine = host.clone();
   }
+  if (projection_enabled()) {
+    return mine;  // a projected op draws nothing (Note [Projected ops]): nor does its issue
+  }
   torch::jit::Stack scratch(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end());
   if (hook != nullptr) {
     (*hook)(scratch);  // the kernel's own account of its draws, from its arguments' geometry

@@ -17,6 +17,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <ATen/EmptyTensor.h>
 
 #include <utility>
 
@@ -24,7 +25,16 @@ namespace neuron {
 namespace eager_detail {
 namespace {
 
+[[noreturn]] void refuse_projected() {
+  TORCH_CHECK(false, "a neuron tensor made in projection mode has no bytes for a kernel to read (Note [Projected bytes]); "
+              "this op's kernel reads them directly (a kernel written in Python, an NKI kernel, a collective), which "
+              "projection mode cannot run. Run it outside adaptive_eager.projection().");
+}
+
 c10::Storage alias_storage(const c10::Storage& storage) {
+  if (is_projected(storage)) {
+    refuse_projected();
+  }
   check_computed(storage);  // a deferred value whose launch failed has no bytes to alias
   // Resizable with the CPU allocator: an out= kernel may resize its output (then it gets new
   // CPU bytes, which sync_written adopts). The alias never frees the device's bytes.
@@ -77,6 +87,9 @@ at::Tensor owning_host_alias(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kNeuron, "host_alias takes a neuron tensor, got one on ", t.device());
   sync_before_host_access();  // a host kernel reads (or writes) the bytes now
   const c10::Storage& storage = t.storage();
+  if (is_projected(storage) || projection_enabled()) {
+    eager_detail::refuse_projected();
+  }
   check_computed(storage);  // a value whose op failed has no bytes to alias
   auto* keep = new c10::Storage(storage);
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
@@ -91,6 +104,25 @@ at::Tensor adopt_host_tensor(const at::Tensor& host, int64_t device) {
               "adopt takes a dense CPU tensor, got a ", host.layout(), " tensor on ", host.device());
   c10::Storage adopted = eager_detail::adopt(host.storage(), checked_device(device), /*new_result=*/true);
   return eager_detail::neuron_tensor_on(std::move(adopted), host);
+}
+
+at::Tensor adopt_meta_tensor(const at::Tensor& meta, int64_t device) {
+  TORCH_CHECK(meta.is_meta() && meta.layout() == c10::kStrided,
+              "adopt_meta takes a dense meta tensor, got a ", meta.layout(), " tensor on ", meta.device());
+  const size_t nbytes = meta.has_storage() ? meta.storage().nbytes()
+                                           : at::detail::computeStorageNbytes(meta.sizes(), meta.strides(),
+                                                                              meta.dtype().itemsize(), meta.storage_offset());
+  const c10::DeviceIndex d = checked_device(device);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, adopt_projected(nbytes, d, /*new_result=*/true),
+                       c10::GetAllocator(kNeuron), /*resizable=*/true);
+  return eager_detail::neuron_tensor_on(std::move(storage), meta);
+}
+
+void forget_values(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == kNeuron, "forget_values takes a neuron tensor, got one on ", t.device());
+  if (!is_projected(t.storage())) {
+    project_in_place(t.storage(), t.storage().nbytes(), /*grown=*/false);
+  }
 }
 
 }  // namespace neuron

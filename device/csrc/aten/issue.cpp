@@ -248,6 +248,9 @@ void issue_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<int64_t> key;
   key.reserve(64);
   key.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));  // a factory's dtype=None
+  // A projected run's outputs follow the Meta kernel, which may size a storage otherwise than
+  // the CPU kernel: the two runs' plans are kept apart (Note [Projected ops]).
+  key.push_back(projection_enabled() ? 1 : 0);
   // An elementwise op's (a foreach op's) results take their geometry from its tensors: its
   // float arguments (Adam's bias corrections, new each step) do not enter the key. Any other
   // op's may decide a shape (upsample's scale factors, arange's end).

@@ -20,8 +20,10 @@
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -59,8 +61,8 @@ void check_dense_unpinned(c10::optional<at::Layout> layout, c10::optional<bool> 
 // When the setting is off, the check is two flag reads.
 void fill_if_deterministic(const at::Tensor& t) {
   if (C10_LIKELY(!at::globalContext().deterministicAlgorithms() ||
-                 !at::globalContext().deterministicFillUninitializedMemory())) {
-    return;
+                 !at::globalContext().deterministicFillUninitializedMemory()) || is_projected(t.storage())) {
+    return;  // off, or no bytes to fill (Note [Projected bytes])
   }
   const size_t nbytes = t.storage().nbytes();
   const size_t itemsize = t.dtype().itemsize();
@@ -74,6 +76,24 @@ void fill_if_deterministic(const at::Tensor& t) {
   for (size_t filled = itemsize; filled < nbytes; filled *= 2) {
     std::memcpy(bytes + filled, bytes, std::min(filled, nbytes - filled));
   }
+}
+
+std::atomic<int64_t> g_placeholder_reads{0};
+
+// Note [Host reads in projection mode]: a projected tensor has no values (Note [Projected
+// bytes]). Inside projection mode a host read of one answers a placeholder, 0 or zeros, as the
+// issue of the program goes on (`loss.item()` in a training loop, a GradScaler's inf check:
+// 0 lets its step run); each is counted, and the first warns. Outside it, the read raises: a
+// tensor made in projection mode has nothing to show.
+void read_projected(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(projection_enabled(), what, " of a neuron tensor made in projection mode: it carries no values (only its "
+              "shape, its memory and its cost were modelled). Read values of tensors computed outside "
+              "adaptive_eager.projection().");
+  g_placeholder_reads.fetch_add(1, std::memory_order_relaxed);
+  TORCH_WARN_ONCE("projection mode: ", what, " of a neuron tensor returns a placeholder (0, or zeros): tensors carry no "
+                  "values in projection mode. Control flow that depends on values may take another path than a run "
+                  "with values would; adaptive_eager.stats().placeholder_reads counts these reads.");
+  (void)t;
 }
 
 }  // namespace
@@ -148,6 +168,15 @@ at::Tensor view_as_complex(const at::Tensor& self) { return at::native::view_as_
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::optional<at::MemoryFormat> format) {
   sync_before_host_access();  // queued ops hold the old bytes' geometry; they run first
   const c10::DeviceGuard guard(self.device());
+  const c10::Storage& storage = self.storage();
+  if (is_projected(storage) || (projection_enabled() && storage.nbytes() > 0)) {
+    // CPU's resize copies the old bytes into the new ones: projected bytes are grown here,
+    // without a copy, and charged as the allocator would (Note [Projected bytes]).
+    const size_t needed = static_cast<size_t>(c10::multiply_integers(size) + self.storage_offset()) * self.dtype().itemsize();
+    if (needed > storage.nbytes()) {
+      project_in_place(storage, needed, /*grown=*/true);
+    }
+  }
   return at::native::resize_(self, size, format);
 }
 
@@ -183,6 +212,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       }
       return dst;
     }
+  } else if (src_neuron && !dst_neuron && is_projected(self.storage())) {
+    sync_before_host_access();
+    read_projected(self, "a copy to the host");  // Note [Host reads in projection mode]
   } else if (src_neuron || bytes_shared(dst.storage()) || (dst.storage().data() == nullptr && dst.storage().nbytes() > 0)) {
     // A transfer reads or writes device memory now: what is queued runs first. A copy into
     // bytes only dst holds (`.to('neuron')` right after its allocation), or into no bytes at
@@ -214,12 +246,24 @@ void copy_now(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) 
   if (profiling() && !(within_device && in_fused_launch())) {
     range.emplace(within_device ? "neuron::aten::copy_" : transfer_range_name(src_neuron, dst_neuron));
   }
-  at::Tensor src_host = src_neuron ? host_alias(self) : self;
-  // One alias storage for both when they share one (Note: overlap is found by storage identity).
-  at::Tensor dst_host = !dst_neuron ? dst
-                        : src_neuron && same_bytes(dst.storage(), self.storage()) ? host_alias_on(src_host.storage(), dst)
-                                                                                 : host_alias(dst);
-  dst_host.copy_(src_host, non_blocking);
+  const bool src_projected = src_neuron && is_projected(self.storage());
+  if (src_projected || (dst_neuron && (projection_enabled() || is_projected(dst.storage())))) {
+    // No bytes move (Note [Projected bytes]): a device destination's values are unknown from
+    // now on, a host one gets the placeholder (Note [Host reads in projection mode]). Priced
+    // below as the copy with bytes is.
+    if (!dst_neuron) {
+      dst.zero_();
+    } else if (!is_projected(dst.storage())) {
+      project_in_place(dst.storage(), dst.storage().nbytes(), /*grown=*/false);
+    }
+  } else {
+    at::Tensor src_host = src_neuron ? host_alias(self) : self;
+    // One alias storage for both when they share one (Note: overlap is found by storage identity).
+    at::Tensor dst_host = !dst_neuron ? dst
+                          : src_neuron && same_bytes(dst.storage(), self.storage()) ? host_alias_on(src_host.storage(), dst)
+                                                                                   : host_alias(dst);
+    dst_host.copy_(src_host, non_blocking);
+  }
   const double nbytes = static_cast<double>(dst.numel()) * dst.element_size();
   if (within_device) {  // reads the source, writes the destination (a cast's two differ)
     static const std::string kCopy = "aten::copy_";
@@ -248,12 +292,19 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   if (profiling()) {
     range.emplace(transfer_range_name(true, false));
   }
-  const at::Tensor host = self.device().type() == kNeuron ? host_alias(self) : self;
+  const bool projected = self.device().type() == kNeuron && is_projected(self.storage());
+  if (projected) {
+    read_projected(self, "a read of a scalar (.item())");  // Note [Host reads in projection mode]
+  }
   const double us = transfer_us(static_cast<double>(self.element_size()));
   transfer(self.device().index(), static_cast<int64_t>(self.element_size()), us);
   if (range) {
     mark_device_time(us, "bytes", static_cast<int64_t>(self.element_size()), self.device().index());
   }
+  if (projected) {
+    return at::_local_scalar_dense(at::zeros({}, self.options().device(c10::kCPU)));
+  }
+  const at::Tensor host = self.device().type() == kNeuron ? host_alias(self) : self;
   return at::_local_scalar_dense(host);
 }
 
@@ -321,6 +372,8 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 }  // namespace eager_detail
+
+int64_t placeholder_reads() { return eager_detail::g_placeholder_reads.load(); }
 
 // Note [SDPA's input checks]: CPU's scaled_dot_product_attention checks its inputs in its
 // composite body (validate_sdpa_input, attention.cpp) before it picks a kernel. On neuron the

@@ -3,11 +3,27 @@
 // (registration.cpp) offers the op to the adaptive engine's route, else runs it here, now: its
 // arguments as host aliases, its results mapped back (Note [Host aliases] in host_alias.cpp),
 // its time on the device's clock (pricing.cpp).
+//
+// Note [Projected ops]
+// ~~~~~~~~~~~~~~~~~~~~
+// In projection mode (Note [Projected bytes] in runtime/memory.cpp) the op runs its shape
+// function instead of its kernel: the same HostCall, with meta aliases of its arguments (one per
+// neuron storage, of that storage's size, so views map back as host aliases' do), `device=`
+// arguments meta, its generator dropped (a shape function draws nothing, and the device's
+// generator does not advance), redispatched to Meta; new results get projected bytes, charged as
+// adopted CPU results are, and what it writes loses its values (a tensor made before projection
+// mode becomes projected). Everything after the kernel is the path with bytes: written
+// arguments' geometry, views, the price (which reads geometry only: cost/, pricing.cpp), so a
+// projected op costs on the clock and in memory exactly what it costs with bytes, wherever the
+// Meta kernel gives CPU's geometry. An op without a shape function, or a collective, is refused
+// by name.
 #include "aten/eager_internal.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/jit_type.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <torch/headeronly/version.h>
 
 #include <algorithm>
@@ -18,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -50,6 +67,12 @@ bool holds_tensors(const IValue& v) {
     element = element->containedType(0);
   }
   return element->kind() == c10::TypeKind::TensorType;
+}
+
+// A neuron storage of nbytes without bytes, charged as adopt charges (Note [Projected bytes]).
+c10::Storage projected_storage(size_t nbytes, DeviceIndex d, bool new_result) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, adopt_projected(nbytes, d, new_result),
+                      c10::GetAllocator(kNeuron), /*resizable=*/true);
 }
 
 // Where an item of a HostCall vector is, by a key derived from it: the vector itself searched
@@ -85,6 +108,9 @@ struct Index {
 // One op's arguments on the host, and what maps results back (Note [Host aliases] in
 // host_alias.cpp).
 struct HostCall {
+  // Note [Projected ops]: the op runs its shape function (its Meta kernel) on meta aliases of
+  // its arguments, and its results get projected bytes, instead of its CPU kernel on host aliases.
+  bool projecting = false;
   DeviceIndex device = -1;
   DeviceIndex target = -1;  // the device a `device=` argument names
   bool cpu_indices_ok = false;
@@ -163,9 +189,10 @@ struct HostCall {
     if (!alias.defined()) {
       const size_t same = storage_with_bytes(t.storage());
       if (same != Index<const void*>::npos) {  // an earlier argument's bytes: the same alias storage
-        alias = host_alias_on(storages[same].first, t);
+        alias = projecting ? tensor_like_on(storages[same].first, c10::DispatchKey::Meta, t)
+                           : host_alias_on(storages[same].first, t);
       } else {
-        alias = host_alias(t);
+        alias = projecting ? meta_alias(t) : host_alias(t);
         storages.emplace_back(alias.storage(), t.storage());
       }
     }
@@ -185,13 +212,21 @@ struct HostCall {
     }
     if (v.isDevice() && v.toDevice().type() == kNeuron) {
       target = checked_device(v.toDevice().has_index() ? v.toDevice().index() : current_device());
-      return IValue(c10::Device(c10::kCPU));
+      return IValue(c10::Device(projecting ? c10::kMeta : c10::kCPU));
     }
     return v;
   }
 
+  // t as a meta tensor on a storage of its storage's size (Note [Projected ops]).
+  static at::Tensor meta_alias(const at::Tensor& t) {
+    check_computed(t.storage());  // a deferred value whose launch failed has nothing to project
+    c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                         c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    return tensor_like_on(std::move(storage), c10::DispatchKey::Meta, t);
+  }
+
   at::Tensor from_host(const at::Tensor& r, DeviceIndex d) {
-    if (!r.defined() || r.device().type() != c10::kCPU) {
+    if (!r.defined() || r.device().type() != (projecting ? c10::kMeta : c10::kCPU)) {
       return r;
     }
     TORCH_CHECK_NOT_IMPLEMENTED(!r.is_nested(), "neuron tensors are dense (strided) only, but this op produced a nested "
@@ -213,7 +248,8 @@ struct HostCall {
     if (view != Index<const c10::StorageImpl*>::npos) {
       return neuron_tensor_on(storages[view].second, r);  // a view of an argument, or of an earlier new result
     }
-    c10::Storage adopted = adopt(r.storage(), d, /*new_result=*/true);
+    c10::Storage adopted = projecting ? projected_storage(r.storage().nbytes(), d, /*new_result=*/true)
+                                      : adopt(r.storage(), d, /*new_result=*/true);
     // Other results on the same new bytes (several views of one buffer) share the storage.
     storages.emplace_back(r.storage(), adopted);
     return neuron_tensor_on(adopted, r);
@@ -244,7 +280,13 @@ struct HostCall {
     }
     at::Tensor& original = *found;
     c10::TensorImpl* impl = original.unsafeGetTensorImpl();
-    if (alias.storage().data() != original.storage().data() || alias.storage().nbytes() != original.storage().nbytes()) {
+    if (projecting) {
+      if (alias.storage().nbytes() != original.storage().nbytes()) {
+        impl->set_storage_keep_dtype(projected_storage(alias.storage().nbytes(), original.device().index(),
+                                                       /*new_result=*/false));
+      }
+    } else if (alias.storage().data() != original.storage().data() ||
+               alias.storage().nbytes() != original.storage().nbytes()) {
       impl->set_storage_keep_dtype(adopt(alias.storage(), original.device().index(), /*new_result=*/false));
     }
     if (original.sizes() != alias.sizes() || original.strides() != alias.strides() ||
@@ -349,6 +391,62 @@ void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
                               "run on neuron; ", hint, ".");
 }
 
+// Projecting: an op with no shape function cannot be projected. Said in neuron's terms, unless
+// its Meta kernel (or composite) itself refused these arguments.
+void refuse_without_meta_kernel(const c10::OperatorHandle& op) {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    return;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.operator_name().name, " has no shape function (Meta kernel) in torch ",
+                              TORCH_VERSION, ", so projection mode cannot tell its outputs' sizes without computing "
+                              "them. Run this part of the program outside adaptive_eager.projection(), or with an "
+                              "equivalent op that has one.");
+}
+
+// Note [Losses on their buffer]: CPU's kernels of these losses, reduced (mean or sum), return the
+// 0-dim result on the storage of their elementwise buffer (input's size), which the device is
+// charged for as long as the loss lives; their Meta kernels give it a storage of its own. A
+// projected run must hold what the run with bytes holds: the storage's size CPU would give, or
+// 0 for any other op. (Found by comparing every OpInfo sample's results on CPU and on meta.)
+size_t cpu_result_storage_nbytes(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  static const std::unordered_set<std::string> kLosses = {"aten::mse_loss", "aten::smooth_l1_loss",
+                                                         "aten::soft_margin_loss", "aten::binary_cross_entropy"};
+  const c10::OperatorName& name = op.operator_name();
+  if (!name.overload_name.empty() || kLosses.count(name.name) == 0) {
+    return 0;
+  }
+  const auto reduction = op.schema().argumentIndexWithName("reduction");
+  if (!reduction || stack[first + *reduction].toInt() == 0) {  // reduction='none': a result of input's size
+    return 0;
+  }
+  const at::Tensor& self = stack[first].toTensor();
+  const at::Tensor& target = stack[first + 1].toTensor();
+  return static_cast<size_t>(c10::multiply_integers(at::infer_size(self.sizes(), target.sizes()))) * self.dtype().itemsize();
+}
+
+// A projected result on a storage of nbytes (Note [Losses on their buffer]).
+at::Tensor on_storage_of(const at::Tensor& meta, size_t nbytes) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                       c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+  return tensor_like_on(std::move(storage), c10::DispatchKey::Meta, meta);
+}
+
+// The neuron storages of an argument (a tensor, or a list of them).
+void collect_neuron_storages(const IValue& v, std::vector<c10::Storage>* out) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && t.device().type() == kNeuron) {
+      out->push_back(t.storage());
+    }
+  } else if (v.isList()) {
+    for (const IValue& e : v.toListRef()) {
+      collect_neuron_storages(e, out);
+    }
+  }
+}
+
 }  // namespace
 
 void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -357,23 +455,35 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;
   HostCall call;
+  call.projecting = projection_enabled();
   call.cpu_indices_ok = is_cpu_index_op(name);
   int generator_arg = -1;
+  std::vector<c10::Storage> written;  // projecting: the neuron storages the op writes
   for (size_t i = 0; i < num_args; ++i) {
     IValue& v = (*stack)[first + i];
     if (generator_arg < 0 && is_optional_generator(schema.arguments()[i])) {
       generator_arg = static_cast<int>(i);
+      if (call.projecting) {
+        v = IValue();  // a shape function draws nothing (Note [Projected ops])
+      }
       continue;
+    }
+    if (call.projecting) {
+      const auto* alias_info = schema.arguments()[i].alias_info();
+      if (alias_info != nullptr && alias_info->isWrite()) {
+        collect_neuron_storages(v, &written);
+      }
     }
     v = call.arg_to_host(std::move(v), name);
   }
   const DeviceIndex d = call.device >= 0 ? call.device : (call.target >= 0 ? call.target : current_device());
   const DeviceIndex result_device = call.target >= 0 ? call.target : d;
   // A factory on the device; in a launch its output was charged (and checked) at issue.
-  if (call.aliases.empty() && call.target >= 0 && charges_new_results()) {
+  if (call.aliases.empty() && call.target >= 0 && charges_new_results() && !call.projecting) {
     check_factory_fits(op, *stack, first, call.target);
   }
-  std::unique_ptr<DefaultGeneratorLent> lent = lend_generator(op, stack, first, generator_arg);
+  std::unique_ptr<DefaultGeneratorLent> lent =
+      call.projecting ? nullptr : lend_generator(op, stack, first, generator_arg);
 
   const ConvFlags conv = conv_flags(name, *stack, first);
   const Touch touch = touch_of(name, *stack, first);  // Note [Gathers and scatters] (touched.cpp)
@@ -381,14 +491,30 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (profiling() && !in_fused_launch()) {
     range.emplace("neuron::" + name.name);
   }
+  const bool collective = name.name.compare(0, 6, "c10d::") == 0;
+  TORCH_CHECK_NOT_IMPLEMENTED(!(collective && call.projecting), name.name, " in projection mode: collectives are not "
+                              "projected yet (they need bytes to exchange). Project one rank's program without them.");
   // Note [Reduce ops as NCCL computes them] (collectives.cpp): PREMUL_SUM and integer AVG.
-  const ReduceRewrite reduce = name.name.compare(0, 6, "c10d::") == 0 ? rewrite_reduce_op(op, stack, first)
-                                                                       : ReduceRewrite{};
+  const ReduceRewrite reduce = collective ? rewrite_reduce_op(op, stack, first) : ReduceRewrite{};
+  const size_t buffer_nbytes = call.projecting ? cpu_result_storage_nbytes(op, *stack, first) : 0;
   try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    op.redispatchBoxed(c10::DispatchKeySet(call.projecting ? c10::DispatchKey::Meta : c10::DispatchKey::CPU), stack);
   } catch (const c10::NotImplementedError&) {
+    if (call.projecting) {
+      refuse_without_meta_kernel(op);
+    }
     refuse_without_cpu_kernel(op);  // says why in neuron's terms, or rethrows what the kernel said
     throw;
+  }
+  if (buffer_nbytes > 0) {
+    IValue& result = stack->back();
+    result = on_storage_of(result.toTensor(), buffer_nbytes);
+  }
+  // What the op wrote has no known values any more (a tensor made before projection mode).
+  for (const c10::Storage& s : written) {
+    if (!is_projected(s)) {
+      project_in_place(s, s.nbytes(), /*grown=*/false);
+    }
   }
   if (reduce.active) {
     finish_reduce_op(reduce, stack, schema.returns().size());

@@ -364,7 +364,7 @@ void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& 
     return;
   }
   // Another layout, or bytes shared with something else: new bytes, and a copy into them.
-  c10::DataPtr bytes = launch_bytes(result.device().index(), static_cast<size_t>(spec.nbytes));
+  c10::DataPtr bytes = launch_bytes(result.device().index(), static_cast<size_t>(spec.nbytes), is_projected(result.storage()));
   hand_over_charge(target->data_ptr(), bytes);
   target->set_data_ptr_noswap(std::move(bytes));
   at::Tensor into = at::detail::make_tensor<c10::TensorImpl>(

@@ -28,8 +28,12 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <sys/mman.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -112,6 +116,7 @@ struct Bytes {
   void* data;
   c10::Storage host;  // the CPU storage whose bytes were adopted; none when `data` is ours
   std::atomic<int64_t> holders{1};
+  size_t projected = 0;  // > 0: `data` is address space of this many bytes, never mapped (Note [Projected bytes])
 };
 
 struct Block {
@@ -124,7 +129,9 @@ void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
   Bytes* bytes = block->bytes;
   if (bytes != nullptr && bytes->holders.fetch_sub(1) == 1) {
-    if (!bytes->host && bytes->data != nullptr) {
+    if (bytes->projected > 0) {
+      munmap(bytes->data, bytes->projected);
+    } else if (!bytes->host && bytes->data != nullptr) {
       c10::free_cpu(bytes->data);
     }
     delete bytes;  // an adopted CPU storage goes with it
@@ -168,6 +175,41 @@ c10::DataPtr host_bytes(c10::DeviceIndex d, size_t nbytes, size_t charged) {
   return data_ptr_of(new Bytes{data, {}}, d, charged);
 }
 
+// Note [Projected bytes]
+// ~~~~~~~~~~~~~~~~~~~~~
+// In projection mode (adaptive_eager.projection()) a neuron tensor carries no bytes: its
+// storage is charged as eager mode charges it, and its address is a reservation of address
+// space, PROT_NONE and MAP_NORESERVE, which takes no memory (a 16 GiB weight costs nothing)
+// and is never mapped. Why an address and not null: null data with a size is the engine's
+// "produced by a launch still queued, or failed" (check_computed, the posting plans'
+// "new bytes of its own" test), and every storage identity the eager path and the engine
+// take (bytes_key, same_bytes, share_bytes) is the bytes' address, which a projected storage
+// keeps unique this way for as long as it lives. A read of one that a branch forgot faults
+// at the reading instruction, never returns another tensor's values.
+std::atomic<bool> g_projection{false};
+
+void* reserve_address_space(size_t nbytes) {
+  void* p = mmap(nullptr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "projection mode could not reserve ", format_bytes(static_cast<int64_t>(nbytes)),
+              " of address space for a tensor without bytes (mmap: ", std::strerror(errno), ")");
+  return p;
+}
+
+c10::DataPtr projected_bytes(c10::DeviceIndex d, size_t nbytes, size_t charged) {
+  void* data = nullptr;
+  try {
+    data = reserve_address_space(nbytes);
+  } catch (...) {
+    if (charged > 0) {
+      release(d, charged);
+    }
+    throw;
+  }
+  auto* bytes = new Bytes{data, {}};
+  bytes->projected = nbytes;
+  return data_ptr_of(bytes, d, charged);
+}
+
 struct NeuronAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex d = current_device();
@@ -178,7 +220,8 @@ struct NeuronAllocator final : public c10::DeviceAllocator {
     // Charged first: an allocation that does not fit takes no host memory. Always charged,
     // in a launch too (a storage resized there gives its old, charged bytes back).
     charge(d, nbytes);
-    return host_bytes(d, nbytes, nbytes);
+    return g_projection.load(std::memory_order_relaxed) ? projected_bytes(d, nbytes, nbytes)
+                                                        : host_bytes(d, nbytes, nbytes);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }  // blocks carry a context
@@ -322,7 +365,10 @@ c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_r
   return data_ptr_of(new Bytes{const_cast<void*>(cpu.data()), cpu}, d, charged);
 }
 
-c10::DataPtr launch_bytes(c10::DeviceIndex d, size_t nbytes) { return host_bytes(d, nbytes, charge_new(d, nbytes)); }
+c10::DataPtr launch_bytes(c10::DeviceIndex d, size_t nbytes, bool projected) {
+  const size_t charged = charge_new(d, nbytes);
+  return projected ? projected_bytes(d, nbytes, charged) : host_bytes(d, nbytes, charged);
+}
 
 bool uncharged_bytes(const c10::DataPtr& ptr) {
   const Block* block = block_of(ptr);
@@ -365,6 +411,48 @@ void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes
   }
   to->charged = from->charged;
   from->charged = 0;
+}
+
+// -- Note [Projected bytes] -----------------------------------------------------------------
+void set_projection(bool on) { g_projection.store(on); }
+bool projection_enabled() { return g_projection.load(std::memory_order_relaxed); }
+
+bool is_projected(const c10::Storage& storage) {
+  const Block* block = block_of(storage.data_ptr());
+  return block != nullptr && block->bytes != nullptr && block->bytes->projected > 0;
+}
+
+c10::DataPtr adopt_projected(size_t nbytes, c10::DeviceIndex d, bool new_result) {
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, c10::Device(kNeuron, d));
+  }
+  size_t charged = nbytes;
+  if (new_result) {
+    charged = charge_new(d, nbytes);
+  } else {
+    charge(d, nbytes);
+  }
+  return projected_bytes(d, nbytes, charged);
+}
+
+void project_in_place(const c10::Storage& storage, size_t nbytes, bool grown) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  Block* old = block_of(impl->data_ptr());
+  const c10::DeviceIndex d = old != nullptr ? old->device : impl->device().index();
+  size_t charged = 0;
+  if (grown) {
+    // New bytes, as the allocator charges a resize's: the old ones go after the new arrived
+    // (the peak counts both, as eager's copy into the new bytes holds both).
+    charge(d, nbytes);
+    charged = nbytes;
+  } else if (old != nullptr) {
+    // Values no longer known, the same bytes: the charge stays the storage's, moved over.
+    charged = old->charged;
+    old->charged = 0;
+  }
+  c10::DataPtr bytes = nbytes == 0 ? c10::DataPtr(nullptr, c10::Device(kNeuron, d)) : projected_bytes(d, nbytes, charged);
+  impl->set_data_ptr_noswap(std::move(bytes));  // the old bytes are freed (and released, if charged)
+  impl->set_nbytes(nbytes);
 }
 
 }  // namespace neuron
