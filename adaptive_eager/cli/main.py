@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import run as run_cli
 
     run_cli.add_parser(sub)
+    from . import project as project_cli
+
+    project_cli.add_parser(sub)
     from . import bench as bench_cli
 
     bench_cli.add_parser(sub)
@@ -253,7 +256,7 @@ def main(argv=None) -> int:
     from . import run as run_cli
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = run_cli.parse_args(build_parser(), argv)  # `run`: the script's argv goes through verbatim
+    args = run_cli.parse_args(build_parser(), argv)  # `run`, `project`: the script's argv goes through verbatim
     return args.func(args)
 
 

@@ -40,16 +40,20 @@ def add_parser(sub) -> None:
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """(adaptive-eager's own words, the script's argv) for a `run` command line, else (argv, None).
+    """(adaptive-eager's own words, the script's argv) for a `run` (or `project`) command line,
+    else (argv, None).
 
     argparse would drop a `--` written right after the script, so the script's words are
     cut off before argparse sees them and handed to the script exactly as typed."""
-    if not argv or argv[0] != "run":
+    from .project import VALUE_OPTIONS as project_value_options
+
+    value_options = {"run": _VALUE_OPTIONS, "project": project_value_options}.get(argv[0] if argv else None)
+    if value_options is None:
         return argv, None
     i = 1
     while i < len(argv):
         word = argv[i]
-        if word in _VALUE_OPTIONS:
+        if word in value_options:
             i += 2
         elif word.startswith("-") and word != "-":
             i += 1  # a flag (-h, --opt=value), or an unknown option argparse will reject

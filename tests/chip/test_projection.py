@@ -57,7 +57,9 @@ MODELS = {"mlp-mse": _mlp, "gpt-attention": _gpt, "cnn-batchnorm": _cnn, "hf-lla
 
 
 def _fresh():
-    """Counters zeroed and an engine that has seen nothing: the two runs start alike."""
+    """Counters zeroed, an engine that has seen nothing, and no garbage of an earlier run left
+    for the collector to free in the middle of this one: the two runs start alike."""
+    gc.collect()
     torch.manual_seed(0)
     adaptive_eager.reset_stats()
     SWITCH.adaptive.reset()
@@ -110,7 +112,6 @@ def test_out_of_memory_is_raised_at_the_same_op_as_with_bytes(mode):
             torch.neuron.set_per_process_memory_fraction(1.0)
         message, ops = str(raised.value), adaptive_eager.stats().ops
         del raised  # its traceback holds the run's model and optimizer: freed before the next run
-        gc.collect()
         return message, ops
 
     projected, with_bytes = first_oom(projected=True), first_oom(projected=False)

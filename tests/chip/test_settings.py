@@ -24,6 +24,7 @@ BAD_VALUES = {
     "NEURON_ASYNC_LAUNCH": ["abc", "-1", "2.5", "2"],
     "NEURON_EXECUTOR_SPIN_US": ["-1", "100001", "fast"],
     "NEURON_PROFILER_SOURCES": ["abc", "-1", "true"],
+    "NEURON_PROJECTION": ["yes", "2", "true"],
     "NEURON_PLATFORM_TARGET_OVERRIDE": ["trn9", "abc"],
     "NEURON_ADAPTIVE_EAGER": ["banana", "2", "-1"],
     "NEURON_LAUNCH_BLOCKING": ["abc", "-1", "2.5", "on"],
