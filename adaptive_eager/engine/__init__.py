@@ -7,6 +7,7 @@ run now or defer (the C++ queue, device/csrc/engine/queue.cpp, holds what it def
 - `executor.py`: AdaptiveExecutor, the per-op decision and the trace cache (its phases);
 - `record.py`: OpRecord, one op as the engine sees it (its signature and keys), and a recorder;
 - `detector.py`: the incremental period detector (what repeats, without markers);
+- `segments.py`: segments between sync points that recur, though not in a row (a server's prefill);
 - `trace.py`: OpProto and Trace, what is cached; `pending.py`: a trace being matched;
 - `matchers.py`: the generated per-position matchers of exact traces;
 - `generic.py`: shape-generic traces (sizes that change every step, Note [Shape-generic traces]);

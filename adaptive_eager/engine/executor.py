@@ -58,6 +58,7 @@ from .generic import (GenericSighting, build_generic_trace, compile_generic_matc
                       generic_difference)
 from .pending import Pending, launch_error
 from .phase import Phase
+from .segments import RecurringSegments
 from .trace import Trace, build_proto, build_trace, output_slots
 
 _RECENT = 20  # divergences and flushes kept for explain()
@@ -214,6 +215,9 @@ class AdaptiveExecutor(Executor):
         # Note [Shape-generic traces] (generic.py): the same, on size-erased keys.
         self.shape_detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
                                              unit_min=cfg.min_trace_len)
+        # Note [Segments that recur apart] (segments.py): stretches between sync points seen before.
+        self.segments = RecurringSegments(cfg.repeats, cfg.min_trace_len_between_syncs, cfg.min_trace_len,
+                                          cfg.max_trace_len)
         # Two periods of the longest unit: what _adopt reads when a period fires.
         self.history: collections.deque = collections.deque(maxlen=2 * cfg.max_period)
         self.key_ids: dict[tuple, int] = {}
@@ -446,6 +450,8 @@ class AdaptiveExecutor(Executor):
                 # loop that synchronizes every step gets a trace that starts right after it
                 # (not at the quietest cut, which a sync would then split every step).
                 self._advance(_SYNC_MARK, ())
+            else:
+                self.segments.forget()
             self._raise_error()
 
     def _host_sync(self, reason: str = "host read") -> None:
@@ -457,6 +463,7 @@ class AdaptiveExecutor(Executor):
             if not self.detection_paused:
                 self._advance(_HOST_ACCESS, ())
             else:
+                self._cut_segment(self.position)
                 self.position += 1
             self._raise_error()
 
@@ -590,7 +597,7 @@ class AdaptiveExecutor(Executor):
         streamed = native.queue_streamed()
         for trace in self.cache.by_start.get(p.trace.protos[0].signature, ()):
             if (trace is p.trace or len(trace) <= k or trace.protos[k].signature != rec.signature
-                    or trace.key.parts[:k] != prefix):
+                    or not _same_prefix(trace, p.trace, k, prefix)):
                 continue
             if streamed and not _may_use_stream(trace):  # its random ops must run on the host
                 continue
@@ -739,6 +746,8 @@ class AdaptiveExecutor(Executor):
         elif key not in self._familiar_divergences:
             self._quiet_until = self.position  # not where it left them before: look again
         self.cache.demote(p.trace)
+        if self.detection_paused:
+            self._segment_prefix(p)
         self._flush("divergence")
         self._stop_matching()
         self._resume_detection()
@@ -910,18 +919,21 @@ class AdaptiveExecutor(Executor):
                 signature = OpRecord.from_call(func, args, kwargs).signature
             except Exception:  # undescribable arguments: the op stays out of the history
                 self.detector.forget()
+                self.segments.forget()
                 return native.RUN_EAGER
             barrier = self.barriers.get(signature)
             if barrier is None:
                 barrier = self.barriers[signature] = _Barrier(signature, info.name)
             self._advance(barrier, ())
         else:
+            self._cut_segment(self.position)
             self.position += 1
         return native.RUN_EAGER
 
     def _run_backing_off(self, info, args, kwargs):
         if self.inflight:
             self._drain()
+        self.segments.forget()  # ops it does not count (the position stays)
         if self._backed_off():
             self.history.clear()
             self.detector.forget()
@@ -932,9 +944,11 @@ class AdaptiveExecutor(Executor):
             self._flush("divergence")
             self._stop_matching()
         if self._quiet_until is not None:
-            if rec.signature in self.protos and self.position < self._quiet_until:
+            proto = self.protos.get(rec.signature)
+            if proto is not None and self.position < self._quiet_until:
                 # Note [Detection that finds nothing pauses]: an op seen before, run as ever,
-                # with nothing to describe or detect.
+                # with nothing to describe or detect but its segment (Note [Segments that recur apart]).
+                self._segment_unrecorded(proto)
                 self.position += 1
                 return native.RUN_EAGER
             self._quiet_until = self.position  # an op never seen: the quiet pause ends here
@@ -1020,6 +1034,10 @@ class AdaptiveExecutor(Executor):
             self._adopt(period)
         elif shape_period is not None and self._generic_wait is None and self.config.generic_traces:
             self._plan_generic(shape_period)
+        if proto.barrier:
+            self._cut_segment(position)
+        else:
+            self.segments.push((position, proto, producers), key)
         if self._generic_wait is not None:
             period, wait = self._generic_wait
             if wait:
@@ -1222,30 +1240,78 @@ class AdaptiveExecutor(Executor):
             window = entries[cut:cut + period]
             segments, minimum = [window], self.config.min_trace_len
         for seg in segments:
-            if len(seg) < minimum or any(e[1].device != seg[0][1].device for e in seg):
-                continue
-            if _repeats_shorter_unit(seg, minimum):
-                continue  # k copies of a shorter unit: that unit's trace covers it
-            if all(e[0] in generic for e in seg) or self._generic_covers(seg):
-                # A generic trace matched all of it, or runs these very ops at any sizes: an
-                # exact one would serve these sizes only. Worse, entered by its first op at
-                # every step, it would diverge at the first size of another: a generate()
-                # loop over five prompts repeats exactly every five calls, and that period,
-                # adopted as one exact trace per token between its host reads, cost 4 to 10
-                # times the launches a call.
-                continue
-            traces = self._cache_unit(seg)
+            traces = self._adopt_segment(seg, recent, generic, minimum)
             if traces is None:
                 continue
-            # What matched inside this segment: not the whole window, whose other segments
-            # (a period of many sync points) hold the generic traces of other units.
-            inside = {e[0] for e in seg}
-            self._drop_superseded([e for e in recent if e[0] in inside], len(seg))
-            self._pause_after = max(self._pause_after, 4 * len(seg))
             if not barriers and (self.pending is None or len(self.pending.trace) <= len(seg)):
                 # The stream is periodic: the trace's first op comes `cut` ops from now.
                 # (Not while a longer trace is matched: the unit repeats inside it.)
                 self._enter_at = (traces[0], self.position + cut)
+
+    def _adopt_segment(self, seg, recent, generic: set, minimum: int) -> list[Trace] | None:
+        """seg (history entries, ops a generic trace matched given as exact ones) as cached
+        traces, unless it is not worth one; None if nothing new was cached. recent: the
+        history entries as they are; generic: the positions a generic trace matched."""
+        if len(seg) < minimum or any(e[1].device != seg[0][1].device for e in seg):
+            return None
+        if _repeats_shorter_unit(seg, minimum):
+            return None  # k copies of a shorter unit: that unit's trace covers it
+        if all(e[0] in generic for e in seg) or self._generic_covers(seg):
+            # A generic trace matched all of it, or runs these very ops at any sizes: an
+            # exact one would serve these sizes only. Worse, entered by its first op at
+            # every step, it would diverge at the first size of another: a generate()
+            # loop over five prompts repeats exactly every five calls, and that period,
+            # adopted as one exact trace per token between its host reads, cost 4 to 10
+            # times the launches a call.
+            return None
+        traces = self._cache_unit(seg)
+        if traces is None:
+            return None
+        # What matched inside this segment: not the whole window, whose other segments
+        # (a period of many sync points) hold the generic traces of other units.
+        inside = {e[0] for e in seg}
+        self._drop_superseded([e for e in recent if e[0] in inside], len(seg))
+        self._pause_after = max(self._pause_after, 4 * len(seg))
+        return traces
+
+    # -- Note [Segments that recur apart] (segments.py) -------------------------------------------
+    def _cut_segment(self, position: int) -> None:
+        """A sync point at `position`: the segment it ends becomes traces if it was seen as
+        often as a trace needs, though not in a row."""
+        recent = self.segments.cut(position)
+        if recent is None or all(e[2] is _MATCHED for e in recent):
+            return  # not trusted yet, or cached traces ran all of it already
+        seg = self._exact_entries(recent)
+        if seg is None:
+            return
+        generic = {e[0] for e in recent if type(e[1]) is GenericSighting}
+        self._adopt_segment(seg, recent, generic, self.config.min_trace_len_between_syncs)
+
+    def _segment_key(self, signature) -> int | None:
+        key = self.key_ids.get(signature)
+        if key is None:  # forgotten (a never-repeating stream): the segment is not followed
+            self.segments.forget()
+        return key
+
+    def _segment_unrecorded(self, proto) -> None:
+        """An op a quiet pause runs without recording, at self.position: into the segment."""
+        if proto.barrier:
+            self._cut_segment(self.position)
+            return
+        key = self._segment_key(proto.signature)
+        if key is not None:
+            self.segments.push((self.position, proto, _UNRECORDED), key)
+
+    def _segment_prefix(self, p: Pending) -> None:
+        """A match diverges while detection is paused: the ops it matched (none launched)
+        into the segment, which the ops after them continue."""
+        if p.trace.generic or p.done or len(p.positions) != p.pos:
+            return
+        for position, proto in zip(p.positions, p.trace.protos):
+            key = self._segment_key(proto.signature)
+            if key is None:
+                return
+            self.segments.push((position, proto, _MATCHED), key)
 
     def _generic_covers(self, seg) -> bool:
         return any(generic_covers(t, seg) for t in self.cache.by_first_op.get(seg[0][1].info.op, ()))
@@ -1306,6 +1372,14 @@ class _Matched(tuple):
 _MATCHED = _Matched()
 
 
+class _Unrecorded(tuple):
+    """The producers of an op a quiet pause ran unrecorded (Note [Segments that recur apart]):
+    none known (as ()); it ran eagerly, no trace covers it."""
+
+
+_UNRECORDED = _Unrecorded()
+
+
 def _fused_range(p: Pending):
     """The profiler range of launching p's ops [done, pos): the trace and op count, and the
     user's source lines of the first and last op when asked for (Note [Profiler ranges])."""
@@ -1316,6 +1390,17 @@ def _fused_range(p: Pending):
         name = fused_range_name(trace.id, end - start)
     return profile_range(name, trace=trace.id, ops=end - start,
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
+
+
+def _same_prefix(trace: Trace, other: Trace, k: int, parts: tuple) -> bool:
+    """trace's first k ops are other's (whose key's first k parts are `parts`): the same
+    signatures and dataflow; or, for an exact trace, the same signatures, where the dataflow of
+    one is unknown (ops a trace matched, in the history it was adopted from: Note [Segments
+    that recur apart]). Matching never checks dataflow (the queue holds the arguments), so what
+    was deferred is as valid for either."""
+    if trace.key.parts[:k] == parts:
+        return True
+    return not trace.generic and all(a.signature == b.signature for a, b in zip(trace.protos[:k], other.protos[:k]))
 
 
 def _copies_of_shorter(keys: list, shortest: int) -> bool:

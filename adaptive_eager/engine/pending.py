@@ -19,7 +19,7 @@ class Pending:
 
     def switch(self, trace: Trace) -> None:
         """Continue as a match of `trace`, whose first `pos` ops are this trace's (same
-        signatures and dataflow), none launched yet: what was deferred stays valid."""
+        signatures; executor._same_prefix), none launched yet: what was deferred stays valid."""
         for k in range(self.pos):
             if trace.sources[k] is None:
                 trace.sources[k] = self.trace.sources[k]
