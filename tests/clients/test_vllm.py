@@ -33,6 +33,8 @@ DECODE_STEPS = 16
 # Prompts of different lengths; the 40-token one spans two KV-cache blocks of 32.
 PROMPT_LENGTHS = (3, 7, 1, 40, 12)
 SEEDS = (3, 4)
+# Batches of new requests with the prompts' lengths, one after another (vllm_child._serve).
+SERVE_CALLS = 4
 
 
 def _prompts() -> list[list[int]]:
@@ -60,7 +62,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(checkpoint):
     spec = {"model": checkpoint, "prompts": _prompts(), "max_tokens": MAX_TOKENS}
-    neuron = {"seeds": SEEDS, "decode": DECODE_STEPS}
+    neuron = {"seeds": SEEDS, "decode": DECODE_STEPS, "serve_calls": SERVE_CALLS}
     return {
         "adaptive": run_child({**spec, **neuron}, _env("neuron", "1")),
         "eager": run_child({**spec, **neuron}, _env("neuron", "0")),
@@ -165,6 +167,25 @@ def test_the_adaptive_engine_fuses_the_decode_step(runs):
     assert e["decode_launches_per_step"] > 100
     assert a["decode_launches_per_step"] <= 4
     assert a["decode_device_us_per_step"] < e["decode_device_us_per_step"] / 5
+
+
+def test_a_prefill_after_decode_fuses_once_its_batch_has_been_seen_before(runs):
+    """Note [Segments that recur apart] (adaptive_eager/engine/segments.py): a server runs
+    one prefill per batch of new requests, then their decode steps; the prefill never repeats
+    back to back, so the period detector cannot find it. A batch of prompts of the lengths
+    seen before (new tokens: no prefix-cache hits) fuses from its second recurrence: its
+    first came with the very first generate() call, so the first batch here is the second."""
+    a, e = runs["adaptive"], runs["eager"]
+    assert a["serve_tokens"] == e["serve_tokens"]
+    print(f"\nprefill after decode, batch by batch: eager {e['serve_prefill_launches']}, "
+          f"adaptive {a['serve_prefill_launches']} launches")
+    assert len(a["serve_prefill_launches"]) == SERVE_CALLS
+    assert min(e["serve_prefill_launches"]) > 100
+    # As a decode step (test_the_adaptive_engine_fuses_the_decode_step): the step's launches,
+    # cut by the input copies and the host read of the sampled tokens. (112 op by op before.)
+    assert max(a["serve_prefill_launches"][1:]) <= 4
+    decoded = a["serve_decode_launches"]
+    assert len(decoded) == SERVE_CALLS * DECODE_STEPS and sum(decoded) / len(decoded) <= 4
 
 
 def _free_port() -> int:

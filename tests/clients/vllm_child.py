@@ -38,14 +38,37 @@ def write_tiny_llama(path: str) -> str:
     return path
 
 
-def _engine_counts():
-    import torch
+class _StepCounter:
+    """The launches and device time of each model-runner step, from one step's start to the
+    next's (the step's host read of its sampled tokens included), while it is installed."""
 
-    import adaptive_eager
+    def __init__(self, runner, wait: bool):
+        self.runner, self.wait = runner, wait
+        self.marks = []  # (a prefill step: new requests in it, launches, device us) at each step's start
 
-    torch.neuron.synchronize()
-    s = adaptive_eager.stats()
-    return s.launches, s.device_time_us
+    def _mark(self, prefill: bool) -> None:
+        import adaptive_eager
+
+        s = adaptive_eager.stats(wait=self.wait)
+        self.marks.append((prefill, s.launches, s.device_time_us))
+
+    def __enter__(self):
+        execute = self.execute = self.runner.execute_model
+
+        def counted(scheduler_output, *args, **kwargs):
+            self._mark(bool(scheduler_output.scheduled_new_reqs))
+            return execute(scheduler_output, *args, **kwargs)
+
+        self.runner.execute_model = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.runner.execute_model = self.execute
+        self._mark(False)
+
+    def steps(self, prefill: bool) -> list[tuple[int, float]]:
+        """(launches, device us) of the prefill steps, or of the others."""
+        return [(b[1] - a[1], b[2] - a[2]) for a, b in zip(self.marks, self.marks[1:]) if a[0] == prefill]
 
 
 def run(spec: dict) -> dict:
@@ -74,20 +97,41 @@ def run(spec: dict) -> dict:
         result["kv_cache_devices"] = sorted({t.device.type for t in runner.kv_caches})
         result["attention_backends"] = sorted({type(layer.impl).__name__
                                                for layer in runner.model.modules() if hasattr(layer, "impl")})
-        # Decode cost: a prefill-only call, then the same prompts with `decode` more tokens;
-        # the difference is the decode steps' (each step is one token for every request).
+        # Decode cost: each step of a call counted (after a warm-up call), one token for every request.
         decode = spec.get("decode", 0)
         if decode:
             generate(SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True))  # warm-up
-            l0, t0 = _engine_counts()
-            generate(SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-            l1, t1 = _engine_counts()
-            generate(SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True))
-            l2, t2 = _engine_counts()
-            result["prefill_launches"] = l1 - l0
-            result["decode_launches_per_step"] = (l2 - l1 - (l1 - l0)) / decode
-            result["decode_device_us_per_step"] = (t2 - t1 - (t1 - t0)) / decode
+            with _StepCounter(runner, wait=True) as counter:
+                generate(SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True))
+            (result["prefill_launches"], _), = counter.steps(prefill=True)
+            decoded = counter.steps(prefill=False)
+            assert len(decoded) == decode, f"{len(decoded)} decode steps, expected {decode}"
+            result["decode_launches_per_step"] = sum(n for n, _ in decoded) / decode
+            result["decode_device_us_per_step"] = sum(us for _, us in decoded) / decode
+        calls = spec.get("serve_calls", 0)
+        if calls:
+            result.update(_serve(llm, runner, spec["prompts"], calls, decode + 1))
     return result
+
+
+def _serve(llm, runner, prompts: list[list[int]], calls: int, max_tokens: int) -> dict:
+    """As a server sees them: `calls` batches of new requests, each of the prompts' lengths
+    (new token ids), each decoded `max_tokens` tokens. The launches of each step, counted from
+    one model-runner step to the next (the step's host read of its sampled tokens included)."""
+    import torch
+    from vllm import SamplingParams
+
+    g = torch.Generator().manual_seed(7)
+    tokens = []
+    with _StepCounter(runner, wait=False) as counter:
+        for _ in range(calls):
+            batch = [{"prompt_token_ids": torch.randint(3, 512, (len(ids),), generator=g).tolist()} for ids in prompts]
+            outs = llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                                use_tqdm=False)
+            tokens.append([list(o.outputs[0].token_ids) for o in outs])
+    return {"serve_tokens": tokens,
+            "serve_prefill_launches": [n for n, _ in counter.steps(prefill=True)],
+            "serve_decode_launches": [n for n, _ in counter.steps(prefill=False)]}
 
 
 def run_child(spec: dict, env: dict) -> dict:
