@@ -216,8 +216,7 @@ class AdaptiveExecutor(Executor):
         self.shape_detector = PeriodDetector(cfg.min_trace_len_between_syncs, cfg.max_period, cfg.repeats,
                                              unit_min=cfg.min_trace_len)
         # Note [Segments that recur apart] (segments.py): stretches between sync points seen before.
-        self.segments = RecurringSegments(cfg.repeats, cfg.min_trace_len_between_syncs, cfg.min_trace_len,
-                                          cfg.max_trace_len)
+        self.segments = RecurringSegments(cfg.repeats, cfg.min_trace_len_between_syncs, cfg.max_trace_len)
         # Two periods of the longest unit: what _adopt reads when a period fires.
         self.history: collections.deque = collections.deque(maxlen=2 * cfg.max_period)
         self.key_ids: dict[tuple, int] = {}
@@ -597,7 +596,7 @@ class AdaptiveExecutor(Executor):
         streamed = native.queue_streamed()
         for trace in self.cache.by_start.get(p.trace.protos[0].signature, ()):
             if (trace is p.trace or len(trace) <= k or trace.protos[k].signature != rec.signature
-                    or not _same_prefix(trace, p.trace, k, prefix)):
+                    or not _same_prefix(trace, k, prefix)):
                 continue
             if streamed and not _may_use_stream(trace):  # its random ops must run on the host
                 continue
@@ -1282,10 +1281,20 @@ class AdaptiveExecutor(Executor):
         if recent is None or all(e[2] is _MATCHED for e in recent):
             return  # not trusted yet, or cached traces ran all of it already
         seg = self._exact_entries(recent)
-        if seg is None:
+        if seg is None or self._generic_rival(seg):
             return
         generic = {e[0] for e in recent if type(e[1]) is GenericSighting}
-        self._adopt_segment(seg, recent, generic, self.config.min_trace_len_between_syncs)
+        for trace in self._adopt_segment(seg, recent, generic, self.config.min_trace_len_between_syncs) or ():
+            trace.recurs_apart = True  # its dataflow unknown where other traces matched (_same_prefix)
+
+    def _generic_rival(self, seg) -> bool:
+        """A shape-generic trace starts with seg's first op (its size-erased signature): seg is
+        a piece of a loop whose sizes change (a decode token, a call's setup at one prompt
+        length), whose exact sizes come back in other calls; an exact trace of it would be
+        entered at other sizes and diverge (Note [Segments that recur apart])."""
+        first = erased_signature(seg[0][1])
+        starts = self.cache.by_first_op.get(seg[0][1].info.op, ())
+        return any(t.generic and t.protos[0].erased[0] == first for t in starts)
 
     def _segment_key(self, signature) -> int | None:
         key = self.key_ids.get(signature)
@@ -1392,15 +1401,20 @@ def _fused_range(p: Pending):
                          first_source=str(trace.sources[start]), last_source=str(trace.sources[end - 1]))
 
 
-def _same_prefix(trace: Trace, other: Trace, k: int, parts: tuple) -> bool:
-    """trace's first k ops are other's (whose key's first k parts are `parts`): the same
-    signatures and dataflow; or, for an exact trace, the same signatures, where the dataflow of
-    one is unknown (ops a trace matched, in the history it was adopted from: Note [Segments
-    that recur apart]). Matching never checks dataflow (the queue holds the arguments), so what
-    was deferred is as valid for either."""
-    if trace.key.parts[:k] == parts:
+def _same_prefix(trace: Trace, k: int, parts: tuple) -> bool:
+    """trace's first k ops are those of the trace matched (its key's first k parts: `parts`): the same
+    signatures and dataflow, where trace knows it. An exact trace adopted from a segment that
+    recurs apart does not know it for the ops another trace matched before diverging (their
+    producers, (), in the history: Note [Segments that recur apart]); those compare by
+    signature alone. Matching never checks dataflow (the queue holds the arguments), so what
+    was deferred is as valid for either. Where trace knows its dataflow it must be the same:
+    switching on signatures alone to exact traces of other sizes of GPT-2's tokens (a layer
+    whose residual comes from elsewhere) had five prompts in turn never settle (20 to 363
+    launches a call)."""
+    mine = trace.key.parts[:k]
+    if mine == parts:
         return True
-    return not trace.generic and all(a.signature == b.signature for a, b in zip(trace.protos[:k], other.protos[:k]))
+    return trace.recurs_apart and all(a == b or (a[1] == () and a[0] == b[0]) for a, b in zip(mine, parts))
 
 
 def _copies_of_shorter(keys: list, shortest: int) -> bool:

@@ -189,6 +189,8 @@ class Trace:
         self.nsyms = 0
         # The size-erased period it was adopted from (Note [Sizes that parted]).
         self.shape_period = 0
+        # Adopted as a segment that recurs apart (Note [Segments that recur apart]).
+        self.recurs_apart = False
         # A generic trace's sizes at its last completions, and whether a completion met sizes
         # one of those had: per-head or per-layer sizes that recur each step (Note [An exact
         # proto from a generic position]), not a decode loop's cache that grows every token.
