@@ -53,6 +53,12 @@ def lazy_codegen_attribute(name: str):
 def graph_begin() -> bool:
     """At the top of a compiled graph's call: the engine's pending work runs, then the
     graph's ops bypass it. Returns the bypass setting to restore."""
+    if native.projection_enabled():
+        # Its generated kernels read the buffers' bytes, which projected tensors do not have.
+        raise NotImplementedError(
+            "torch.compile's default backend (inductor) in projection mode: its generated kernels read tensors' "
+            "bytes, which tensors in adaptive_eager.projection() do not have. Compile with backend='neuron' "
+            "(its graphs are projected op by op), or leave the function uncompiled while projecting.")
     native.host_sync("sync: compiled graph")
     return native.set_bypass(True)
 

@@ -221,3 +221,29 @@ def test_NEURON_PROJECTION_projects_the_whole_process():
                   memory=torch.neuron.memory_allocated()))
     """, env={"NEURON_PROJECTION": "1"})
     assert result == dict(projected=True, value=0.0, memory=2 * 4 << 20)
+
+
+def test_ops_whose_sizes_are_data_run_on_placeholder_zeros_counted():
+    with adaptive_eager.projection():
+        x = torch.randn(3, 4, device="neuron")
+        before = adaptive_eager.stats().placeholder_reads
+        assert x[x > 0].shape == (0,)  # a boolean mask of zeros selects nothing
+        assert torch.unique(x).shape == (1,)
+        assert torch.nonzero(x).shape == (0, 2)
+        assert adaptive_eager.stats().placeholder_reads - before == 3
+        assert repr(x).startswith("tensor([[0., 0., 0., 0.],")  # print works, showing the placeholder
+
+
+def test_compiled_graphs_project_with_the_neuron_backend_and_inductor_is_refused():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        with adaptive_eager.projection():
+            x = torch.randn(3, 4, device="neuron")
+            assert adaptive_eager.is_projected(torch.compile(lambda a: a.sin() * 2, backend="neuron")(x))
+            # Its generated kernels would read the bytes projected tensors do not have.
+            with pytest.raises(NotImplementedError, match="inductor"):
+                torch.compile(lambda a: a.cos() * 2)(x)
+    finally:
+        torch._dynamo.reset()

@@ -44,6 +44,11 @@ double launch_op(c10::DeviceIndex d, const std::string& name, double flops, doub
 // two transfers and no launch; the price in µs.
 double charge_host_round_trip(c10::DeviceIndex d, double argument_bytes, double result_bytes);
 
+// -- kernels.cpp: Note [Host reads in projection mode] --------------------------------------
+// A value-dependent op ran on the placeholder values of projected tensors (zeros): counted with
+// the host reads, warned once (Note [Value-dependent ops on placeholder values], run_on_host.cpp).
+void note_placeholder_values(const std::string& op_name);
+
 // -- host_alias.cpp: Note [Host aliases] ----------------------------------------------------
 // A tensor with `like`'s dtype, geometry and math bits, on `storage`, for `key`'s backend.
 at::Tensor tensor_like_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like);

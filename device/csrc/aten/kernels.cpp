@@ -98,6 +98,14 @@ void read_projected(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
+void note_placeholder_values(const std::string& op_name) {
+  g_placeholder_reads.fetch_add(1, std::memory_order_relaxed);
+  TORCH_WARN_ONCE("projection mode: ", op_name, " depends on its inputs' values, which tensors in projection mode do "
+                  "not have: it ran on zeros (the placeholder values host reads return too), so its result's size, "
+                  "and the cost of what follows from it, is what zeros give. adaptive_eager.stats().placeholder_reads "
+                  "counts these ops with the host reads.");
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, c10::optional<at::ScalarType> dtype,
                                c10::optional<at::Layout> layout, c10::optional<at::Device> device,
                                c10::optional<bool> pin_memory, c10::optional<at::MemoryFormat> memory_format) {

@@ -20,6 +20,7 @@
 #include "aten/eager_internal.h"
 
 #include <ATen/ExpandUtils.h>
+#include <c10/core/CPUAllocator.h>
 #include <ATen/core/jit_type.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -28,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -433,6 +435,51 @@ at::Tensor on_storage_of(const at::Tensor& meta, size_t nbytes) {
   return tensor_like_on(std::move(storage), c10::DispatchKey::Meta, meta);
 }
 
+// Note [Value-dependent ops on placeholder values]: an op whose outputs' sizes depend on its
+// inputs' values (nonzero, masked_select, unique, a boolean mask's index) has no shape function,
+// or one that refuses; `print(t)` calls masked_select. Projected tensors read as zeros
+// everywhere else (Note [Host reads in projection mode]), so such an op runs its CPU kernel on
+// zeros of its arguments' geometry: its result is the one zeros give (an empty mask, one unique
+// value), counted as a placeholder read. Bounded: arguments larger than this are refused by name.
+constexpr size_t kPlaceholderRunBytes = size_t{256} << 20;
+
+// v with each meta tensor made a CPU tensor of its geometry on zeroed bytes (a list's too), and a
+// meta device argument the CPU; *bytes counts the bytes made.
+IValue zeros_on_host(const IValue& v, size_t* bytes) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.is_meta()) {
+      return v;
+    }
+    const size_t nbytes = t.storage().nbytes();
+    *bytes += nbytes;
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
+    if (nbytes > 0) {
+      std::memset(storage.mutable_data(), 0, nbytes);
+    }
+    return tensor_like_on(std::move(storage), c10::DispatchKey::CPU, t);
+  }
+  if (v.isList() && holds_tensors(v)) {
+    return map_list(v, [&](IValue e, size_t) { return zeros_on_host(e, bytes); });
+  }
+  if (v.isDevice() && v.toDevice().is_meta()) {
+    return IValue(c10::Device(c10::kCPU));
+  }
+  return v;
+}
+
+// A CPU result of that run as the meta result a shape function would have given (a list's too).
+IValue as_meta_result(const IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& r = v.toTensor();
+    return r.defined() && r.device().is_cpu() ? IValue(on_storage_of(r, r.storage().nbytes())) : v;
+  }
+  if (v.isList() && holds_tensors(v)) {
+    return map_list(v, [](IValue e, size_t) { return as_meta_result(e); });
+  }
+  return v;
+}
+
 // The neuron storages of an argument (a tensor, or a list of them).
 void collect_neuron_storages(const IValue& v, std::vector<c10::Storage>* out) {
   if (v.isTensor()) {
@@ -445,6 +492,40 @@ void collect_neuron_storages(const IValue& v, std::vector<c10::Storage>* out) {
       collect_neuron_storages(e, out);
     }
   }
+}
+
+// Whether an op's outputs' sizes need its inputs' values, or it has no shape function at all.
+bool needs_values_for_shapes(const c10::OperatorHandle& op) {
+  return op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
+         !(op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+}
+
+// Note [Value-dependent ops on placeholder values]: reruns an op whose shape function refused
+// on zeros, its results made meta; false (nothing done) if it writes an argument, its arguments
+// are too large, or it has no CPU kernel either.
+bool run_on_placeholder_values(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first,
+                               const torch::jit::Stack& meta_arguments) {
+  if (meta_arguments.empty() || !op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+    return false;
+  }
+  size_t bytes = 0;
+  torch::jit::Stack zeros;
+  zeros.reserve(meta_arguments.size());
+  for (const IValue& v : meta_arguments) {
+    zeros.push_back(zeros_on_host(v, &bytes));
+    if (bytes > kPlaceholderRunBytes) {
+      return false;
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &zeros);
+  note_placeholder_values(op.operator_name().name);
+  stack->resize(first);
+  for (const IValue& v : zeros) {
+    stack->push_back(as_meta_result(v));
+  }
+  return true;
 }
 
 }  // namespace
@@ -497,14 +578,22 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Note [Reduce ops as NCCL computes them] (collectives.cpp): PREMUL_SUM and integer AVG.
   const ReduceRewrite reduce = collective ? rewrite_reduce_op(op, stack, first) : ReduceRewrite{};
   const size_t buffer_nbytes = call.projecting ? cpu_result_storage_nbytes(op, *stack, first) : 0;
+  // Projecting: the arguments as given to the shape function, for a run on placeholder values.
+  const torch::jit::Stack meta_arguments = call.projecting && written.empty()
+      ? torch::jit::Stack(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end()) : torch::jit::Stack();
   try {
     op.redispatchBoxed(c10::DispatchKeySet(call.projecting ? c10::DispatchKey::Meta : c10::DispatchKey::CPU), stack);
-  } catch (const c10::NotImplementedError&) {
-    if (call.projecting) {
-      refuse_without_meta_kernel(op);
+  } catch (const std::exception& error) {
+    // A shape function that cannot say (a Python one raises Python's NotImplementedError).
+    if (!(call.projecting && needs_values_for_shapes(op) && run_on_placeholder_values(op, stack, first, meta_arguments))) {
+      if (dynamic_cast<const c10::NotImplementedError*>(&error) != nullptr) {
+        if (call.projecting) {
+          refuse_without_meta_kernel(op);
+        }
+        refuse_without_cpu_kernel(op);  // says why in neuron's terms, or rethrows what the kernel said
+      }
+      throw;
     }
-    refuse_without_cpu_kernel(op);  // says why in neuron's terms, or rethrows what the kernel said
-    throw;
   }
   if (buffer_nbytes > 0) {
     IValue& result = stack->back();
