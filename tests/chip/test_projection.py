@@ -248,3 +248,13 @@ def test_compiled_graphs_project_with_the_neuron_backend_and_inductor_is_refused
                 torch.compile(lambda a: a.cos() * 2)(x)
     finally:
         torch._dynamo.reset()
+
+
+def test_a_copy_to_the_host_of_a_result_still_queued_is_a_counted_placeholder():
+    with adaptive_eager.mode("eager"), adaptive_eager.projection():
+        x = torch.ones(64, 64, device="neuron")
+        for _ in range(3):
+            x @ x  # the same key thrice: its plan is learnt, later calls are posted (still queued when read)
+        before = adaptive_eager.stats(wait=False).placeholder_reads
+        assert torch.equal((x @ x).cpu(), torch.zeros(64, 64))
+        assert adaptive_eager.stats().placeholder_reads - before == 1

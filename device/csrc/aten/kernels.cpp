@@ -220,15 +220,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       }
       return dst;
     }
-  } else if (src_neuron && !dst_neuron && is_projected(self.storage())) {
-    sync_before_host_access();
-    read_projected(self, "a copy to the host");  // Note [Host reads in projection mode]
   } else if (src_neuron || bytes_shared(dst.storage()) || (dst.storage().data() == nullptr && dst.storage().nbytes() > 0)) {
     // A transfer reads or writes device memory now: what is queued runs first. A copy into
     // bytes only dst holds (`.to('neuron')` right after its allocation), or into no bytes at
     // all (`torch.tensor([], device='neuron')`, as HF's DynamicCache makes per layer and
     // step), waits for nothing, and is no sync point.
     sync_before_host_access();
+    if (src_neuron && !dst_neuron && is_projected(self.storage())) {  // known once what made it has run
+      read_projected(self, "a copy to the host");  // Note [Host reads in projection mode]
+    }
   } else if (!on_device_thread() && run_beside_streamed_launch([&] { copy_now(self, dst, non_blocking); })) {
     // Nor does it wait for a launch the engine streams (Note [Streamed launches] in
     // engine/queue.cpp): it runs between that launch's ops, which the host is still issuing.
