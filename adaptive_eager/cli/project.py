@@ -5,8 +5,8 @@ its neuron tensors carry no bytes and its ops run their shape functions, while t
 clock and memory account as with bytes, so a full-size model is priced on this machine. Each
 optimizer step is a step of the report: its launches, its modelled time, tokens per second and
 MFU (with --tokens-per-step), the device memory, and the ops that took the most modelled time.
-The chip's figures come from NEURON_PROFILE (trn2, trn3), its memory per device from
-NEURON_DEVICE_MEMORY.
+The chip is --profile's (else NEURON_PROFILE's), its memory per device --device-memory's (else
+NEURON_DEVICE_MEMORY's).
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import argparse
 import collections
 import dataclasses
 import os
+import subprocess
 import sys
 
 # project's options that take a value (run.split_argv finds the script after them).
-VALUE_OPTIONS = ("--mode", "--report-file", "--tokens-per-step", "--top")
+VALUE_OPTIONS = ("--mode", "--report-file", "--tokens-per-step", "--top", "--profile", "--device-memory")
 _MODES = ("eager", "adaptive")
 
 
@@ -31,6 +32,9 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens-per-step", type=int, metavar="N",
                    help="tokens a step trains on (batch x sequence): the report adds tokens/s and MFU")
     p.add_argument("--top", type=int, default=8, metavar="K", help="ops listed by modelled time (default 8)")
+    p.add_argument("--profile", choices=("trn2", "trn3"), help="the chip (default: NEURON_PROFILE's, trn2)")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="memory per device, e.g. 96GiB (default: NEURON_DEVICE_MEMORY's, the profile's own)")
     p.add_argument("--report-file", metavar="FILE", help="also write the report to FILE")
     p.add_argument("script", help="the Python script to run, unchanged")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments, passed on verbatim")
@@ -106,7 +110,7 @@ class ProjectReport:
     capacity: int
     steps: list
     stats: object  # adaptive_eager.Stats, the whole run
-    peak_memory: int
+    peak_memory: dict  # device index -> its peak (devices that held anything)
     peak_flops: dict  # dtype -> the device's peak FLOP/s
     tokens_per_step: int | None
     top: int
@@ -168,16 +172,51 @@ class ProjectReport:
                 for name, us in roofline.most_common(self.top):
                     lines.append(f"  {name:<60} {us / len(steady) / 1e3:>10,.3f} ms a step {us / total:>6.1%}")
         s = self.stats
-        lines += [f"whole run: {s.ops:,} ops, {s.launches:,} launches, device time {s.device_time_us:,.1f} us, "
-                  f"peak memory {self.peak_memory:,} bytes ({format_bytes(self.peak_memory)})",
+        peaks = ", ".join(f"neuron:{i} {peak:,} bytes ({format_bytes(peak)})" for i, peak in self.peak_memory.items())
+        lines += [f"whole run: {s.ops:,} ops, {s.launches:,} launches, device time {s.device_time_us:,.1f} us",
+                  f"peak memory per device (of {format_bytes(self.capacity)} each): {peaks or 'none used'}",
                   f"host reads answered with a placeholder: {s.placeholder_reads:,}"
                   + (" (control flow that read them may differ from a run with values)" if s.placeholder_reads else ""),
                   rule]
         return lines
 
 
+def _in_a_process_with_the_chip_asked_for(args) -> int | None:
+    """--profile and --device-memory are settings the device reads once, when torch loads it
+    (Note [A bad setting fails at first use]): in this process it is loaded already. If they
+    ask for another chip than this process has, the command runs again in a new process with
+    them in its environment (its exit code returned); None if this process will do."""
+    wanted = {"NEURON_PROFILE": args.profile, "NEURON_DEVICE_MEMORY": args.device_memory}
+    env = {name: value for name, value in wanted.items() if value is not None and os.environ.get(name) != value}
+    if not env:
+        return None
+    from adaptive_eager.device import settings
+    from adaptive_eager.device.errors import NeuronConfigError
+
+    for name, value in env.items():
+        try:
+            settings.read(name, {name: value})
+        except NeuronConfigError as e:
+            option = "--profile" if name == "NEURON_PROFILE" else "--device-memory"
+            print(f"adaptive-eager project: {option} {value!r}: {e}", file=sys.stderr)
+            return 2
+    argv = [sys.executable, "-m", "adaptive_eager", "project"]
+    if args.mode:
+        argv += ["--mode", args.mode]
+    if args.tokens_per_step is not None:
+        argv += ["--tokens-per-step", str(args.tokens_per_step)]
+    if args.report_file:
+        argv += ["--report-file", args.report_file]
+    argv += ["--top", str(args.top), "--", args.script, *args.args]
+    return subprocess.call(argv, env={**os.environ, **env})
+
+
 def cmd_project(args) -> int:
     from .run import _synchronize, run_script
+
+    code = _in_a_process_with_the_chip_asked_for(args)
+    if code is not None:
+        return code
 
     if not os.path.isfile(args.script):
         print(f"adaptive-eager project: can't open file {args.script!r}: no such file", file=sys.stderr)
@@ -199,7 +238,7 @@ def cmd_project(args) -> int:
     report = ProjectReport(
         script=args.script, exit_code=code, mode=adaptive_eager.get_mode(), profile=runtime.config.profile.name,
         devices=runtime.device_count, capacity=runtime.devices[0].memory.capacity, steps=recorder.steps,
-        stats=adaptive_eager.stats(), peak_memory=max(d.memory.peak for d in runtime.devices),
+        stats=adaptive_eager.stats(), peak_memory={i: d.memory.peak for i, d in enumerate(runtime.devices) if d.memory.peak},
         peak_flops={dt: 1e6 / runtime.cost.us_per_flop(dt) for dt in dtypes},
         tokens_per_step=args.tokens_per_step, top=args.top)
     sys.stdout.flush()

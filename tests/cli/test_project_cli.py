@@ -36,7 +36,8 @@ TRAIN_SCRIPT = """
         opt.step()
         print(f"loss {loss.item():.4f}")
     torch.neuron.synchronize()
-    print("STATS " + json.dumps({"device_time_us": adaptive_eager.stats().device_time_us}), flush=True)
+    print("STATS " + json.dumps({"device_time_us": adaptive_eager.stats().device_time_us,
+                                 "peak": torch.neuron.max_memory_allocated(0)}), flush=True)
 """
 
 
@@ -58,8 +59,12 @@ def _adaptive_eager(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def _script_stats(out: str) -> dict:
+    return json.loads(next(ln for ln in out.splitlines() if ln.startswith("STATS "))[6:])
+
+
 def _script_device_us(out: str) -> float:
-    return json.loads(next(ln for ln in out.splitlines() if ln.startswith("STATS "))[6:])["device_time_us"]
+    return _script_stats(out)["device_time_us"]
 
 
 def _step_rows(report: str) -> list[list[float]]:
@@ -87,5 +92,24 @@ def test_project_reports_each_step_at_the_cost_of_the_run_with_bytes(script, mod
         assert all(row[1] == row[2] for row in rows)  # one launch per op
     assert sum(row[3] for row in rows) <= _script_device_us(projected.stdout) / 1e3 + 1e-3 * STEPS
     assert f"host reads answered with a placeholder: {STEPS}" in report  # the loss.item() of each step
+    peak = _script_stats(projected.stdout)["peak"]
+    assert peak == _script_stats(with_bytes.stdout)["peak"] > 0  # HBM peak as with bytes
+    assert f"peak memory per device (of 24.00 GiB each): neuron:0 {peak:,} bytes" in report
     assert "tokens/s and MFU" in report and "top ops by modelled roofline time" in report
     assert [line for line in projected.stdout.splitlines() if line.startswith("loss")] == ["loss 0.0000"] * STEPS
+
+
+def test_project_takes_the_chip_and_its_memory_from_its_options(script):
+    projected = _adaptive_eager("project", "--profile", "trn3", "--device-memory", "96GiB", "--mode", "eager",
+                                script, "2")
+    assert "exited with code 0 (mode eager, profile trn3, 4 device(s) of 96.00 GiB)" in projected.stderr
+    assert "of 96.00 GiB each" in projected.stderr
+    with_bytes = _adaptive_eager("run", "--mode", "eager", script, "2")  # trn2: another chip, other figures
+    assert _script_device_us(projected.stdout) != _script_device_us(with_bytes.stdout)
+
+
+def test_project_refuses_a_device_memory_it_cannot_read_naming_the_option(script, capsys):
+    from adaptive_eager.cli.main import main
+
+    assert main(["project", "--device-memory", "12XB", script, "2"]) == 2
+    assert "--device-memory '12XB': NEURON_DEVICE_MEMORY='12XB' is not a size" in capsys.readouterr().err
