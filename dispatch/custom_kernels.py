@@ -129,15 +129,19 @@ def _on_host(fn, overload, neuron_made_on_host: bool = False):
             copies_us = sum(runtime.cost.op_us(0, 2 * nbytes, torch.float32) for nbytes in kernels.staged)
             runtime.launch(index, kernels.us + copies_us, name=overload.name())
         else:
-            out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
-            dtype = next((t.dtype for t in pytree.tree_leaves((host_args, host_kwargs))
-                          if isinstance(t, torch.Tensor)), None)
-            runtime.launch(index, priced_us(info, host_args, host_kwargs, out, in_bytes[0] + out_bytes, dtype),
-                           name=overload.name())
+            _launch_priced(overload, info, index, host_args, host_kwargs, out, in_bytes[0])
         return pytree.tree_map(lambda t: native.adopt(t, index) if isinstance(t, torch.Tensor) else t, out)
 
     kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"
     return kernel
+
+
+def _launch_priced(overload, info, index: int, args, kwargs, out, in_bytes: int) -> None:
+    """One launch on device `index` for a kernel run on these (host or meta) arguments, priced by
+    its cost hook or by its bytes and FLOPs (Note [Custom kernel cost])."""
+    out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+    dtype = next((t.dtype for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+    CONTEXT.runtime.launch(index, priced_us(info, args, kwargs, out, in_bytes + out_bytes, dtype), name=overload.name())
 
 
 def _run_projected(overload, is_nki: bool, args, kwargs):
@@ -169,12 +173,8 @@ def _run_projected(overload, is_nki: bool, args, kwargs):
 
     meta_args, meta_kwargs = pytree.tree_map(to_meta, (args, kwargs))
     out = shape_fn(*meta_args, **meta_kwargs)
-    runtime = CONTEXT.runtime
-    index = runtime.current_index if device[0] < 0 else device[0]
-    out_bytes = sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
-    dtype = next((t.dtype for t in pytree.tree_leaves((meta_args, meta_kwargs)) if isinstance(t, torch.Tensor)), None)
-    runtime.launch(index, priced_us(classify(overload), meta_args, meta_kwargs, out, in_bytes[0] + out_bytes, dtype),
-                   name=overload.name())
+    index = CONTEXT.runtime.current_index if device[0] < 0 else device[0]
+    _launch_priced(overload, classify(overload), index, meta_args, meta_kwargs, out, in_bytes[0])
     for i, argument in enumerate(overload._schema.arguments):  # what it writes: values unknown now
         if argument.alias_info is not None and argument.alias_info.is_write:
             value = args[i] if i < len(args) else kwargs.get(argument.name)

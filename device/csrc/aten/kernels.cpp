@@ -85,7 +85,7 @@ std::atomic<int64_t> g_placeholder_reads{0};
 // issue of the program goes on (`loss.item()` in a training loop, a GradScaler's inf check:
 // 0 lets its step run); each is counted, and the first warns. Outside it, the read raises: a
 // tensor made in projection mode has nothing to show.
-void read_projected(const at::Tensor& t, const char* what) {
+void read_projected(const char* what) {
   TORCH_CHECK(projection_enabled(), what, " of a neuron tensor made in projection mode: it carries no values (only its "
               "shape, its memory and its cost were modelled). Read values of tensors computed outside "
               "adaptive_eager.projection().");
@@ -93,7 +93,6 @@ void read_projected(const at::Tensor& t, const char* what) {
   TORCH_WARN_ONCE("projection mode: ", what, " of a neuron tensor returns a placeholder (0, or zeros): tensors carry no "
                   "values in projection mode. Control flow that depends on values may take another path than a run "
                   "with values would; adaptive_eager.stats().placeholder_reads counts these reads.");
-  (void)t;
 }
 
 }  // namespace
@@ -227,7 +226,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // step), waits for nothing, and is no sync point.
     sync_before_host_access();
     if (src_neuron && !dst_neuron && is_projected(self.storage())) {  // known once what made it has run
-      read_projected(self, "a copy to the host");  // Note [Host reads in projection mode]
+      read_projected("a copy to the host");  // Note [Host reads in projection mode]
     }
   } else if (!on_device_thread() && run_beside_streamed_launch([&] { copy_now(self, dst, non_blocking); })) {
     // Nor does it wait for a launch the engine streams (Note [Streamed launches] in
@@ -302,7 +301,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   }
   const bool projected = self.device().type() == kNeuron && is_projected(self.storage());
   if (projected) {
-    read_projected(self, "a read of a scalar (.item())");  // Note [Host reads in projection mode]
+    read_projected("a read of a scalar (.item())");  // Note [Host reads in projection mode]
   }
   const double us = transfer_us(static_cast<double>(self.element_size()));
   transfer(self.device().index(), static_cast<int64_t>(self.element_size()), us);

@@ -77,6 +77,21 @@ c10::Storage projected_storage(size_t nbytes, DeviceIndex d, bool new_result) {
                       c10::GetAllocator(kNeuron), /*resizable=*/true);
 }
 
+// A meta tensor with like's dtype and geometry on a storage of nbytes (Note [Projected ops]).
+at::Tensor on_storage_of(const at::Tensor& like, size_t nbytes) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                       c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+  return tensor_like_on(std::move(storage), c10::DispatchKey::Meta, like);
+}
+
+// Whether torch can tell an op's outputs' geometry without running it: a Meta kernel, or a
+// composite whose parts have theirs.
+bool has_shape_function(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+}
+
 // Where an item of a HostCall vector is, by a key derived from it: the vector itself searched
 // linearly while short (an op has a handful of arguments, and this runs per op: no allocation),
 // a hash map of it, caught up lazily, once long (a foreach op over every parameter of a deep
@@ -222,9 +237,7 @@ struct HostCall {
   // t as a meta tensor on a storage of its storage's size (Note [Projected ops]).
   static at::Tensor meta_alias(const at::Tensor& t) {
     check_computed(t.storage());  // a deferred value whose launch failed has nothing to project
-    c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-                         c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-    return tensor_like_on(std::move(storage), c10::DispatchKey::Meta, t);
+    return on_storage_of(t, t.storage().nbytes());
   }
 
   at::Tensor from_host(const at::Tensor& r, DeviceIndex d) {
@@ -396,9 +409,7 @@ void refuse_without_cpu_kernel(const c10::OperatorHandle& op) {
 // Projecting: an op with no shape function cannot be projected. Said in neuron's terms, unless
 // its Meta kernel (or composite) itself refused these arguments.
 void refuse_without_meta_kernel(const c10::OperatorHandle& op) {
-  if (op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
-      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+  if (has_shape_function(op)) {
     return;
   }
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.operator_name().name, " has no shape function (Meta kernel) in torch ",
@@ -428,12 +439,6 @@ size_t cpu_result_storage_nbytes(const c10::OperatorHandle& op, const torch::jit
   return static_cast<size_t>(c10::multiply_integers(at::infer_size(self.sizes(), target.sizes()))) * self.dtype().itemsize();
 }
 
-// A projected result on a storage of nbytes (Note [Losses on their buffer]).
-at::Tensor on_storage_of(const at::Tensor& meta, size_t nbytes) {
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-                       c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-  return tensor_like_on(std::move(storage), c10::DispatchKey::Meta, meta);
-}
 
 // Note [Value-dependent ops on placeholder values]: an op whose outputs' sizes depend on its
 // inputs' values (nonzero, masked_select, unique, a boolean mask's index) has no shape function,
@@ -497,9 +502,7 @@ void collect_neuron_storages(const IValue& v, std::vector<c10::Storage>* out) {
 // Whether an op's outputs' sizes need its inputs' values, or it has no shape function at all.
 bool needs_values_for_shapes(const c10::OperatorHandle& op) {
   return op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
-         !(op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
-           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+         !has_shape_function(op);
 }
 
 // Note [Value-dependent ops on placeholder values]: reruns an op whose shape function refused
