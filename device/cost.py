@@ -75,6 +75,20 @@ class CostModel:
         compute_us = flops * self.us_per_flop(dtype)
         return compute_us if compute_us > memory_us else memory_us
 
+    def collective_costs(self) -> dict:
+        """What one rank (one logical device) spends in a collective (Note [Collectives on the
+        link] in csrc/aten/collective_pricing.cpp; the figures: Note [Collective figures] in
+        profiles.py): µs per byte over its share of the chip's NeuronLink (at most what its share
+        of the chip's DMA engines move, which carry the data), over its share of the instance's
+        EFA, per byte reduced, a hop's latency, and how many ranks one scale-up domain holds."""
+        p = self._profile
+        ranks_per_chip = max(1, p.neuron_cores_per_chip // self._cores)
+        dma = p.dma_bytes_per_s * self._share
+        link = min(p.neuronlink_bytes_per_s / ranks_per_chip, dma)
+        return {"link_us_per_byte": 1e6 / link, "efa_us_per_byte": 1e6 * ranks_per_chip / p.efa_bytes_per_s_per_chip,
+                "hop_us": p.collective_hop_us, "reduce_us_per_byte": 1e6 / (dma * p.collective_reduce_efficiency),
+                "ranks_per_domain": p.chips_per_domain * ranks_per_chip}
+
     def transfer_us(self, nbytes: int) -> float:
         """A host<->device copy, bounded by HBM bandwidth (the host link is not modelled)."""
         return nbytes * self._us_per_byte

@@ -41,6 +41,7 @@ set_draw_hook = _C.set_draw_hook
 drawing_from = _C.drawing_from
 # the eager path and host aliases of device bytes
 install_eager = _C.install_eager
+set_collective_costs = _C.set_collective_costs  # Note [Collectives on the link]
 wait_for_device = _C.wait_for_device
 device_idle = _C.device_idle
 draws_random_numbers = _C.draws_random_numbers  # Note [Seeded ops that never draw]

@@ -10,6 +10,23 @@ have (and so the dtype the roofline prices an op by):
 | fp8 e5m2, e4m3fn, tensorwise or rowwise scaled (`torch._scaled_mm`) | 1,299 | 1,342 | trn2: AWS's dense FP8 figure, the data path's "4x128 (dense FP8_E4/FP8_E5 input)"; trn3: plain FP8 runs at the BF16 data path ("2x128 (non-MXFP8 dense input)"), doubled by the double-row FP8 mode that v3 and v4 document ("a 256 contraction dimension takes the same amount of time as the regular BF16/FP16 ... with a 128 contraction dimension", trainium2_arch.rst:101; nki.isa.nc_matmul's perf_mode) which the emulator assumes the compiler uses: 2 x 671 |
 | MXFP8 / MXFP4 (block-scaled) | - | 2,517 | AWS's Trainium3 figure; "8x128 (MXFP8 dense input)" (trainium3_arch.rst:47); torch has no MX-scaled matmul on the CPU, so only NKI's nc_matmul_mx would reach it |
 | fp8 e4m3fn on trn2, the fnuz fp8 types | bf16 rate | bf16 rate (fnuz) | not formats the Tensor Engine takes: trn2 takes the IEEE-style e4m3 and e5m2, OCP e4m3fn only "Starting NeuronCore-v4" (nki.isa.nc_matmul), fnuz on neither. As TorchNeuron converts int64 to int32 with a warning, the emulator warns once and prices them as converted to bf16; the values stay CPU's (the emulator never changes what an op computes) |
+
+Note [Collective figures]: what a collective between ranks spends (Note [Collectives on the
+link] in csrc/aten/collective_pricing.cpp). Sources are in the aws-neuron-sdk repository;
+`nki.collectives` are priced from the same NeuronLink, hop and reduction sources, on its DMA
+engines' own figures (device/nki/costs.py).
+
+| figure | trn2 | trn3 | source |
+|---|---|---|---|
+| NeuronLink per chip | 1,024 GB/s | 2,560 GB/s | trn2: "Intra-instance NeuronLink-v3 bandwidth (GB/sec/chip) 1,024" (about-neuron/arch/neuron-hardware/trn2-arch.rst); trn3: "NeuronLink-v4 ... provides 2.56 TB/sec bandwidth per device" (trainium3.rst) |
+| DMA per chip | 3.5 TB/s | 4.9 TB/s | "3.5 TB/sec of DMA bandwidth" (trainium2.rst), "4.9 TB/sec of DMA bandwidth" (trainium3.rst): a rank's link rate is at most its share of these |
+| reductions | 50% of DMA | 100% | "50% DMA throughput via DMA collective compute engines prior to NeuronCore-v4" (nki/guides/architecture/trainium3_arch.rst) |
+| link hop | 1.5 us | 1.5 us | "the per-hop latency of Ring/KangaRing is about 1-2 us" (neuron-runtime/explore/intranode-collective-comm.rst): the midpoint, an assumption |
+| scale-up domain | 16 chips | 64 chips | a trn2.48xlarge's "16 Trainium2 chips connected using ... NeuronLink-v3" (trn2-arch.rst); a Trn3 Gen1 UltraServer "integrates a total of 64 Trainium3 devices into a single scale-up domain" (trn3-arch.rst) |
+| EFA per chip | 25 GB/s | 25 GB/s | trn2: a rank "gets 3.2 Tbps / 64" of a trn2.48xlarge's EFA (neuron-runtime/about/collectives.rst), 3.2 Tbps over 16 chips; trn3: none published, trn2's assumed |
+
+A chip's link, DMA and EFA are shared by its ranks (logical NeuronCores: cores per chip / LNC),
+as collectives.rst shares the EFA.
 """
 from __future__ import annotations
 
@@ -44,6 +61,13 @@ class DeviceProfile:
     # No official per-launch overhead is published. This default is our assumption: the
     # order of magnitude of a runtime kernel launch on an accelerator (10-20 us).
     launch_overhead_us: float
+    # Collectives (Note [Collective figures]).
+    neuronlink_bytes_per_s: float  # per chip
+    dma_bytes_per_s: float  # per chip
+    collective_reduce_efficiency: float  # the share of DMA throughput a reduction gets
+    collective_hop_us: float
+    chips_per_domain: int  # chips one scale-up domain (NeuronLink) joins
+    efa_bytes_per_s_per_chip: float
 
     def peak_flops(self, dtype: torch.dtype) -> float:
         """Peak dense FLOP/s of one chip for matmul operands of `dtype` (Note [Matmul rates])."""
@@ -82,6 +106,12 @@ PROFILES: dict[str, DeviceProfile] = {
         vector_hz=0.96e9,  # nki guides/architecture/trainium2_arch.rst:54-56, as the widths:
         vector_wide_types=(torch.bfloat16, torch.float16),  # "512 BF16/FP16 input/output; 256 ... other"
         launch_overhead_us=15.0,
+        neuronlink_bytes_per_s=1024e9,
+        dma_bytes_per_s=3.5e12,
+        collective_reduce_efficiency=0.5,
+        collective_hop_us=1.5,
+        chips_per_domain=16,
+        efa_bytes_per_s_per_chip=3.2e12 / 8 / 16,
     ),
     "trn3": DeviceProfile(
         name="trn3",
@@ -98,5 +128,11 @@ PROFILES: dict[str, DeviceProfile] = {
         vector_hz=1.2e9,  # nki guides/architecture/trainium3_arch.rst:51-53, as the widths:
         vector_wide_types=(torch.bfloat16, torch.float16) + FP8_TYPES,  # "512 BF16/FP16/FP8 input/output"
         launch_overhead_us=15.0,
+        neuronlink_bytes_per_s=2560e9,
+        dma_bytes_per_s=4.9e12,
+        collective_reduce_efficiency=1.0,
+        collective_hop_us=1.5,
+        chips_per_domain=64,
+        efa_bytes_per_s_per_chip=3.2e12 / 8 / 16,  # trn2's (Note [Collective figures])
     ),
 }

@@ -199,6 +199,7 @@ class Runtime:
             native.add_internal_source_dir(os.path.dirname(os.path.abspath(package.__file__)) + os.sep)
         native.install_eager(self.cost.us_per_byte, self.cost.on_chip_bytes, flop_us, self.cost.us_per_flop(torch.float32),
                              element_us, self.cost.us_per_vector_element(torch.float32), converted)
+        native.set_collective_costs(**self.cost.collective_costs())
 
 
 def _spin_us(us: float) -> None:

@@ -1,4 +1,4 @@
-"""Starting two-rank jobs with torchrun on 127.0.0.1, for the distributed tests."""
+"""Starting multi-rank jobs (two ranks unless asked) with torchrun on 127.0.0.1, for the distributed tests."""
 from __future__ import annotations
 
 import os
@@ -29,12 +29,12 @@ def _torchrun_command() -> list[str]:
 _TORCHRUN = _torchrun_command()
 
 
-def torchrun(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start `torchrun --nproc-per-node=2 ARGS` on a free port; env's entries are added."""
+def torchrun(*args: str, env: dict[str, str] | None = None, nproc: int = 2) -> subprocess.Popen:
+    """Start `torchrun --nproc-per-node=NPROC ARGS` on a free port; env's entries are added."""
     port = _free_port()
     full_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                     GLOO_SOCKET_IFNAME="lo", **(env or {}))  # gloo's pairs on loopback too
-    cmd = [*_TORCHRUN, "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={port}", *args]
+    cmd = [*_TORCHRUN, f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

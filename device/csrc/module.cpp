@@ -185,6 +185,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the generator the deferred random op running on this thread draws from, or None");
   // the eager path (aten/registration.cpp) and host aliases of device bytes (aten/host_alias.cpp)
   m.def("install_eager", &install_eager, "register the eager kernels and fallback at PrivateUse1");
+  m.def("set_collective_costs",
+        [](double link_us_per_byte, double efa_us_per_byte, double hop_us, double reduce_us_per_byte, int64_t ranks_per_domain) {
+          neuron::set_collective_costs({link_us_per_byte, efa_us_per_byte, hop_us, reduce_us_per_byte, ranks_per_domain});
+        },
+        py::arg("link_us_per_byte"), py::arg("efa_us_per_byte"), py::arg("hop_us"), py::arg("reduce_us_per_byte"),
+        py::arg("ranks_per_domain"), "what one rank's collectives spend (Note [Collectives on the link])");
   // the device's executor (runtime/executor.cpp) and the eager ops it runs (aten/issue.cpp)
   m.def("wait_for_device", &neuron::wait_for_device, py::call_guard<py::gil_scoped_release>(),
         "wait for every op posted to the device; raises the first error one met, once");

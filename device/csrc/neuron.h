@@ -410,6 +410,16 @@ struct EagerCosts {
   Rates us_per_element;  // the Vector Engine's (Note [The Vector Engine floor] in device/cost.py)
 };
 void install_eager(const EagerCosts& costs, const std::vector<std::pair<int, std::string>>& converted);
+// Note [Collectives on the link] (aten/collective_pricing.cpp): what one rank's collectives
+// spend, from device/cost.py's CostModel.collective_costs (once, at install).
+struct CollectiveCosts {
+  double link_us_per_byte;  // the rank's share of its chip's NeuronLink
+  double efa_us_per_byte;  // the rank's share of its instance's EFA (groups beyond one domain)
+  double hop_us;  // one link hop's latency
+  double reduce_us_per_byte;  // the DMA engines' collective compute
+  int64_t ranks_per_domain;  // ranks that one scale-up domain holds
+};
+void set_collective_costs(const CollectiveCosts& costs);
 // pricing.cpp
 double on_chip_bytes();
 bool runs_on_tensor_engine(const c10::OperatorName& name);  // the ops op_flops counts FLOPs of

@@ -31,7 +31,6 @@
 
 namespace neuron {
 namespace eager_detail {
-namespace {
 
 using c10::IValue;
 
@@ -45,7 +44,6 @@ int argument_index(const c10::FunctionSchema& schema, const char* name) {
   return -1;
 }
 
-// The tensors of a Tensor, Tensor[] or Tensor[][] argument.
 std::vector<at::Tensor> tensors_of(const IValue& v) {
   std::vector<at::Tensor> out;
   if (v.isTensor()) {
@@ -59,6 +57,8 @@ std::vector<at::Tensor> tensors_of(const IValue& v) {
   }
   return out;
 }
+
+namespace {
 
 // v (a Tensor, Tensor[] or Tensor[][] argument) with each tensor replaced by f(tensor), in
 // new lists (never the caller's: a boxed list shares its elements with the caller's).
@@ -175,6 +175,192 @@ void finish_reduce_op(const ReduceRewrite& rewrite, torch::jit::Stack* stack, si
   if (num_returns == 2) {  // (results, Work): the real results, not the scratch
     (*stack)[stack->size() - 2] = rewrite.returned;
   }
+}
+
+// Note [A collective's future holds device tensors]: gloo runs on host aliases of the device's
+// bytes, so its Work's result() and future hold those CPU aliases, and DDP's reducer copies its
+// bucket back from `future.value()` (a host-to-device transfer the chip never makes), as a
+// communication hook would read or write CPU tensors beside the device's queue. The op returns
+// gloo's Work wrapped: waiting, completion and errors are gloo's; result() and the future's value
+// are the neuron tensors the collective wrote. Some of gloo's Works have no future
+// (reduce_scatter's "getFuture not implemented"): theirs completes when the Work is waited for.
+namespace {
+
+class DeviceTensorsWork final : public c10d::Work {
+ public:
+  DeviceTensorsWork(c10::intrusive_ptr<c10d::Work> host, std::vector<at::Tensor> written)
+      : c10d::Work(-1, host->retrieveOpType()), host_(std::move(host)), written_(std::move(written)) {}
+
+  bool isCompleted() override { return host_->isCompleted(); }
+  bool isSuccess() const override { return host_->isSuccess(); }
+  std::exception_ptr exception() const override { return host_->exception(); }
+  int sourceRank() const override { return host_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return written_; }
+  void synchronize() override { host_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override { return host_->wait(timeout); }
+  void abort() override { host_->abort(); }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    c10::intrusive_ptr<c10::ivalue::Future> host;
+    try {
+      host = host_->getFuture();
+    } catch (const c10::Error&) {  // a Work without a future: done when waited for
+      host_->wait();
+      auto done = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+      done->markCompleted(IValue(written_));
+      return done;
+    }
+    std::vector<at::Tensor> written = written_;
+    return host->then([written](c10::ivalue::Future&) { return IValue(written); }, c10::ListType::ofTensors());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> host_;
+  std::vector<at::Tensor> written_;
+};
+
+}  // namespace
+
+c10::IValue work_with_device_tensors(const c10::IValue& work, const std::vector<at::Tensor>& written) {
+  if (!work.isCustomClass()) {
+    return work;
+  }
+  // As c10d's Work: an IValue knows a custom class by its static type, and only Work is registered.
+  c10::intrusive_ptr<c10d::Work> wrapped = c10::make_intrusive<DeviceTensorsWork>(work.toCustomClass<c10d::Work>(), written);
+  return IValue(std::move(wrapped));
+}
+
+// Note [Projected collectives]: in projection mode (Note [Projected ops]) a collective moves
+// nothing and the ranks do not meet: gloo is not called. Every other rank is taken to hold what
+// this one holds (a symmetric program: data parallelism's ranks, tensor parallelism's replicated
+// values), as torch's FakeProcessGroup takes it. So where every tensor it reads and writes has
+// values (small ones copied from the host keep theirs: Note [Projected bytes]), an all-gather
+// fills each rank's slot with this rank's input, a broadcast leaves this rank's values (the
+// root's), an all-reduce gives N times its tensors for SUM and its tensors for AVG, MIN and MAX:
+// what DDP's check that every rank holds the same parameters reads, and what object collectives
+// (all_gather_object's sizes and pickled bytes) exchange. Otherwise what it writes (its first
+// argument: the tensors, outputs or output lists; never send's, nor a barrier's) loses any values
+// it had, as every written tensor does in projection. It returns what gloo's kernel returns, its
+// results and a Work already completed, whose future holds the written tensors (DDP's
+// communication hooks chain on it: `fut.value()[0]`), so `wait()`, functional collectives'
+// `wait_tensor` and hooks all go on at once. Its price is the link's (Note [Collectives on the
+// link]), the same as with bytes.
+namespace {
+
+bool has_values(const IValue& v) {
+  for (const at::Tensor& t : tensors_of(v)) {
+    if (t.defined() && t.device().type() == kNeuron && is_projected(t.storage())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor on_host(const at::Tensor& t) { return t.device().type() == kNeuron ? host_alias(t) : t; }
+
+// What the collective gives when every rank holds this rank's values; false where this file
+// does not say (the written tensors then lose their values).
+bool exchange_as_if_symmetric(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const c10::FunctionSchema& schema = op.schema();
+  const std::string& name = schema.operator_name().name;
+  for (size_t i = first; i < stack.size(); ++i) {
+    if (!has_values(stack[i])) {
+      return false;
+    }
+  }
+  const int64_t n = stack[first + argument_index(schema, "process_group")].toCustomClass<c10d::ProcessGroup>()->getSize();
+  if (name == "c10d::broadcast_") {
+    return true;
+  }
+  if (name == "c10d::allgather_") {  // output_tensors[i][rank] = input_tensors[i]
+    const auto outputs = stack[first].toListRef();
+    const std::vector<at::Tensor> inputs = tensors_of(stack[first + 1]);
+    for (size_t i = 0; i < inputs.size() && i < outputs.size(); ++i) {
+      for (const at::Tensor& slot : tensors_of(outputs[i])) {
+        on_host(slot).copy_(on_host(inputs[i]));
+      }
+    }
+    return true;
+  }
+  if (name == "c10d::_allgather_base_" || name == "c10d::allgather_into_tensor_coalesced_") {
+    const std::vector<at::Tensor> outputs = tensors_of(stack[first]);
+    const std::vector<at::Tensor> inputs = tensors_of(stack[first + 1]);
+    for (size_t i = 0; i < inputs.size() && i < outputs.size(); ++i) {
+      if (inputs[i].numel() == 0) {
+        continue;
+      }
+      if (!outputs[i].is_contiguous() || outputs[i].numel() != n * inputs[i].numel()) {
+        return false;
+      }
+      on_host(outputs[i]).view({n, -1}).copy_(on_host(inputs[i]).reshape({1, -1}));
+    }
+    return true;
+  }
+  if (name == "c10d::allreduce_" || name == "c10d::allreduce_coalesced_") {
+    const auto rop = stack[first + argument_index(schema, "reduce_op")].toCustomClass<c10d::ReduceOp>();
+    if (rop->op_ == c10d::ReduceOp::SUM) {
+      for (const at::Tensor& t : tensors_of(stack[first])) {
+        at::Tensor host = on_host(t);
+        host.mul_(n);
+      }
+      return true;
+    }
+    return rop->op_ == c10d::ReduceOp::AVG || rop->op_ == c10d::ReduceOp::MIN || rop->op_ == c10d::ReduceOp::MAX;
+  }
+  return false;
+}
+
+}  // namespace
+
+void project_collective(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first) {
+  const c10::FunctionSchema& schema = op.schema();
+  const std::string& name = schema.operator_name().name;
+  const bool writes_first = name != "c10d::send" && name != "c10d::barrier" && name != "c10d::monitored_barrier_";
+  std::optional<c10::DeviceIndex> device;
+  for (size_t i = first; i < stack->size(); ++i) {
+    for (const at::Tensor& t : tensors_of((*stack)[i])) {
+      if (t.defined() && t.device().type() == kNeuron) {
+        device = t.device().index();
+        break;
+      }
+    }
+    if (device) {
+      break;
+    }
+  }
+  const c10::DeviceIndex d = device.value_or(current_device());
+  const double us = collective_us(op, *stack, first).value_or(0.0);
+  const IValue results = (*stack)[first];
+  std::vector<at::Tensor> written;
+  if (writes_first) {
+    written = tensors_of(results);
+  }
+  if (writes_first && !exchange_as_if_symmetric(op, *stack, first)) {
+    for (const at::Tensor& t : written) {
+      if (t.defined() && t.device().type() == kNeuron && !is_projected(t.storage())) {
+        project_in_place(t.storage(), t.storage().nbytes(), /*grown=*/false);
+      }
+    }
+  }
+  std::optional<Range> range;
+  if (profiling()) {
+    range.emplace("neuron::" + name);
+  }
+  const double spent = launch_collective(d, name, us);
+  if (range) {
+    mark_device_time(spent, "ops", 1, d);
+  }
+  stack->resize(first);
+  const size_t num_returns = schema.returns().size();
+  if (num_returns == 0) {
+    return;
+  }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+  future->markCompleted(IValue(written));
+  if (num_returns == 2) {  // (results, Work)
+    stack->push_back(results);
+  }
+  stack->push_back(IValue(c10d::Work::create_from_future(future)));
 }
 
 }  // namespace eager_detail

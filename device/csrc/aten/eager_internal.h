@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,6 +74,25 @@ struct ReduceRewrite {
 };
 ReduceRewrite rewrite_reduce_op(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first);
 void finish_reduce_op(const ReduceRewrite& rewrite, torch::jit::Stack* stack, size_t num_returns);
+
+// The index of the argument called `name` in a schema, or -1.
+int argument_index(const c10::FunctionSchema& schema, const char* name);
+// The tensors of a Tensor, Tensor[] or Tensor[][] argument.
+std::vector<at::Tensor> tensors_of(const c10::IValue& v);
+// Note [A collective's future holds device tensors]: gloo's Work, its future's value the
+// neuron tensors the collective wrote (`written`).
+c10::IValue work_with_device_tensors(const c10::IValue& work, const std::vector<at::Tensor>& written);
+// Note [Projected collectives]: a c10d collective in projection mode, on the stack (arguments
+// from `first`): nothing moves, its written tensors lose their values, a completed Work.
+void project_collective(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first);
+
+// -- collective_pricing.cpp: Note [Collectives on the link] -----------------------------------
+// Whether a c10d op is a collective the link prices (check_for_nan is not).
+bool is_priced_collective(const c10::OperatorName& name);
+// A collective's time on the link, from its arguments (before it runs); nullopt if it is none.
+std::optional<double> collective_us(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first);
+// One collective launched on d's clock (and in the op log); its time, launch overhead included.
+double launch_collective(c10::DeviceIndex d, const std::string& name, double us);
 
 // -- generator_lending.cpp: random ops draw from the device's generator ---------------------
 // Whether a schema argument is a Generator or Generator?.

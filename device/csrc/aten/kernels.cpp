@@ -254,10 +254,11 @@ void copy_now(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) 
     range.emplace(within_device ? "neuron::aten::copy_" : transfer_range_name(src_neuron, dst_neuron));
   }
   const bool src_projected = src_neuron && is_projected(self.storage());
-  if (src_projected || (dst_neuron && (projection_enabled() || is_projected(dst.storage())))) {
+  if (src_projected || (dst_neuron && is_projected(dst.storage()))) {
     // No bytes move (Note [Projected bytes]): a device destination's values are unknown from
     // now on, a host one gets the placeholder (Note [Host reads in projection mode]). Priced
-    // below as the copy with bytes is.
+    // below as the copy with bytes is. Known values into bytes (a small storage made in
+    // projection mode, or one made before it) are copied: they stay known.
     if (!dst_neuron) {
       dst.zero_();
     } else if (!is_projected(dst.storage())) {

@@ -15,8 +15,8 @@
 // mode becomes projected). Everything after the kernel is the path with bytes: written
 // arguments' geometry, views, the price (which reads geometry only: cost/, pricing.cpp), so a
 // projected op costs on the clock and in memory exactly what it costs with bytes, wherever the
-// Meta kernel gives CPU's geometry. An op without a shape function, or a collective, is refused
-// by name.
+// Meta kernel gives CPU's geometry. An op without a shape function is refused by name; a
+// collective moves nothing (Note [Projected collectives] in collectives.cpp).
 #include "aten/eager_internal.h"
 
 #include <ATen/ExpandUtils.h>
@@ -541,6 +541,14 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HostCall call;
   call.projecting = projection_enabled();
   call.cpu_indices_ok = is_cpu_index_op(name);
+  const bool priced_collective = is_priced_collective(name);
+  if (call.projecting && priced_collective) {  // Note [Projected collectives] (collectives.cpp)
+    project_collective(op, stack, first);
+    return;
+  }
+  // Note [A collective's future holds device tensors]: what it writes, before the arguments
+  // become host aliases.
+  const std::vector<at::Tensor> collective_writes = priced_collective ? tensors_of((*stack)[first]) : std::vector<at::Tensor>();
   int generator_arg = -1;
   std::vector<c10::Storage> written;  // projecting: the neuron storages the op writes
   for (size_t i = 0; i < num_args; ++i) {
@@ -576,8 +584,8 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     range.emplace("neuron::" + name.name);
   }
   const bool collective = name.name.compare(0, 6, "c10d::") == 0;
-  TORCH_CHECK_NOT_IMPLEMENTED(!(collective && call.projecting), name.name, " in projection mode: collectives are not "
-                              "projected yet (they need bytes to exchange). Project one rank's program without them.");
+  // Note [Collectives on the link]: priced from the arguments, before the op changes them.
+  const std::optional<double> link_us = collective ? collective_us(op, *stack, first) : std::nullopt;
   // Note [Reduce ops as NCCL computes them] (collectives.cpp): PREMUL_SUM and integer AVG.
   const ReduceRewrite reduce = collective ? rewrite_reduce_op(op, stack, first) : ReduceRewrite{};
   const size_t buffer_nbytes = call.projecting ? cpu_result_storage_nbytes(op, *stack, first) : 0;
@@ -635,6 +643,16 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const double us = charge_host_round_trip(d, call.in_bytes, out_bytes);
     if (range) {
       mark_device_time(us, "bytes", static_cast<int64_t>(call.in_bytes + out_bytes), d);
+    }
+    return;
+  }
+  if (link_us) {
+    if (num_returns > 0) {  // every collective returns its Work last
+      stack->back() = work_with_device_tensors(stack->back(), collective_writes);
+    }
+    const double us = launch_collective(d, name.name, *link_us);
+    if (range) {
+      mark_device_time(us, "ops", 1, d);
     }
     return;
   }

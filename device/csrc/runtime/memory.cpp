@@ -186,7 +186,16 @@ c10::DataPtr host_bytes(c10::DeviceIndex d, size_t nbytes, size_t charged) {
 // take (bytes_key, same_bytes, share_bytes) is the bytes' address, which a projected storage
 // keeps unique this way for as long as it lives. A read of one that a branch forgot faults
 // at the reading instruction, never returns another tensor's values.
+//
+// Small storages keep their bytes: one of kValuedBytes or less that the allocator makes in
+// projection mode (a copy's destination: `.to('neuron')`, `torch.tensor(..., device=...)`) is
+// host memory as outside it, so a small tensor copied from the host keeps its values until an op
+// writes it (what an op writes becomes projected: Note [Projected ops]). That is what a program's
+// bookkeeping sends through the device and reads back: a step count, DDP's check that every rank
+// holds the same parameters, an object collective's pickled bytes (Note [Projected collectives]).
+// Ops' results are always projected (their shape function makes them), whatever their size.
 std::atomic<bool> g_projection{false};
+constexpr size_t kValuedBytes = 64 * 1024;
 
 void* reserve_address_space(size_t nbytes) {
   void* p = mmap(nullptr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -220,8 +229,8 @@ struct NeuronAllocator final : public c10::DeviceAllocator {
     // Charged first: an allocation that does not fit takes no host memory. Always charged,
     // in a launch too (a storage resized there gives its old, charged bytes back).
     charge(d, nbytes);
-    return g_projection.load(std::memory_order_relaxed) ? projected_bytes(d, nbytes, nbytes)
-                                                        : host_bytes(d, nbytes, nbytes);
+    return g_projection.load(std::memory_order_relaxed) && nbytes > kValuedBytes ? projected_bytes(d, nbytes, nbytes)
+                                                                                 : host_bytes(d, nbytes, nbytes);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }  // blocks carry a context
