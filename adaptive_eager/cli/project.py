@@ -6,7 +6,9 @@ clock and memory account as with bytes, so a full-size model is priced on this m
 optimizer step is a step of the report: its launches, its modelled time, tokens per second and
 MFU (with --tokens-per-step), the device memory, and the ops that took the most modelled time.
 The chip is --profile's (else NEURON_PROFILE's), its memory per device --device-memory's (else
-NEURON_DEVICE_MEMORY's).
+NEURON_DEVICE_MEMORY's). Under torchrun (`torchrun --nproc-per-node=8 --no-python adaptive-eager
+project train.py`) each rank is projected in its process; rank 0 prints its report, and
+--report-file writes each rank's (FILE.rank<N>).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mode", choices=_MODES,
                    help="execution mode (default: adaptive, or eager when NEURON_ADAPTIVE_EAGER=0)")
     p.add_argument("--tokens-per-step", type=int, metavar="N",
-                   help="tokens a step trains on (batch x sequence): the report adds tokens/s and MFU")
+                   help="tokens a step trains on (batch x sequence, all ranks together): the report adds tokens/s and MFU")
     p.add_argument("--top", type=int, default=8, metavar="K", help="ops listed by modelled time (default 8)")
     p.add_argument("--profile", choices=("trn2", "trn3"), help="the chip (default: NEURON_PROFILE's, trn2)")
     p.add_argument("--device-memory", metavar="SIZE",
@@ -114,6 +116,8 @@ class ProjectReport:
     peak_flops: dict  # dtype -> the device's peak FLOP/s
     tokens_per_step: int | None
     top: int
+    rank: int = 0  # under torchrun: this process's rank, of
+    world: int = 1  # ranks, each a device
 
     def steady(self) -> list:
         """The steps measured for the summary: the second half (warm-up and detection are over)."""
@@ -128,8 +132,9 @@ class ProjectReport:
         seconds = step.device_us / 1e6
         tokens_per_s = self.tokens_per_step / seconds
         # Model FLOPs of a training step, as MFU is usually reported (PaLM's 6 N per token:
-        # forward and backward of every parameter, attention's own FLOPs left out).
-        mfu = 6 * step.parameters * self.tokens_per_step / seconds / self.peak_flops[step.dtype]
+        # forward and backward of every parameter, attention's own FLOPs left out), over every
+        # rank's device. A sharded parameter (a DTensor) counts its whole size.
+        mfu = 6 * step.parameters * self.tokens_per_step / seconds / (self.peak_flops[step.dtype] * self.world)
         return f" {tokens_per_s:>11,.0f} {mfu:>6.1%}"
 
     def _lines(self) -> list[str]:
@@ -138,7 +143,8 @@ class ProjectReport:
         rule = "=" * 78
         lines = [rule,
                  f"adaptive-eager project: {self.script} exited with code {self.exit_code} (mode {self.mode}, "
-                 f"profile {self.profile}, {self.devices} device(s) of {format_bytes(self.capacity)})",
+                 f"profile {self.profile}, {self.devices} device(s) of {format_bytes(self.capacity)})"
+                 + (f"; rank {self.rank} of {self.world}" if self.world > 1 else ""),
                  "projection: tensors carried no values; times are the cost model's, not the chip's"]
         rates = self.tokens_per_step is not None
         header = f"{'step':>5} {'launches':>9} {'ops':>7} {'modelled ms':>12} {'memory':>11}"
@@ -160,9 +166,10 @@ class ProjectReport:
                          f"{mean.device_us / 1e3:,.3f} ms a step, {mean.launches:,} launches, "
                          f"{steady[-1].parameters / 1e9:.2f} B parameters ({steady[-1].dtype})")
             if rates:
+                devices = f"{self.world} x " if self.world > 1 else ""
                 lines.append("  tokens/s and MFU:" + self._rate_columns(mean) +
-                             f"  (MFU: 6 x parameters x tokens / step time / the device's peak {steady[-1].dtype} "
-                             f"FLOP/s, {self.peak_flops[steady[-1].dtype] / 1e12:,.1f} TFLOP/s)")
+                             f"  (MFU: 6 x parameters x tokens / step time / the devices' peak {steady[-1].dtype} "
+                             f"FLOP/s, {devices}{self.peak_flops[steady[-1].dtype] / 1e12:,.1f} TFLOP/s)")
             roofline = collections.Counter()
             for s in steady:
                 roofline.update(s.roofline_us)
@@ -240,10 +247,13 @@ def cmd_project(args) -> int:
         devices=runtime.device_count, capacity=runtime.devices[0].memory.capacity, steps=recorder.steps,
         stats=adaptive_eager.stats(), peak_memory={i: d.memory.peak for i, d in enumerate(runtime.devices) if d.memory.peak},
         peak_flops={dt: 1e6 / runtime.cost.us_per_flop(dt) for dt in dtypes},
-        tokens_per_step=args.tokens_per_step, top=args.top)
+        tokens_per_step=args.tokens_per_step, top=args.top, rank=int(os.environ.get("RANK", "0")),
+        world=int(os.environ.get("WORLD_SIZE", "1")))
     sys.stdout.flush()
-    print(report, file=sys.stderr, flush=True)
+    if report.rank == 0:  # under torchrun, one report on the terminal: rank 0's
+        print(report, file=sys.stderr, flush=True)
     if args.report_file:
-        with open(args.report_file, "w", encoding="utf-8") as f:
+        path = args.report_file if report.world == 1 else f"{args.report_file}.rank{report.rank}"
+        with open(path, "w", encoding="utf-8") as f:
             f.write(f"{report}\n")
     return code

@@ -113,3 +113,46 @@ def test_project_refuses_a_device_memory_it_cannot_read_naming_the_option(script
 
     assert main(["project", "--device-memory", "12XB", script, "2"]) == 2
     assert "--device-memory '12XB': NEURON_DEVICE_MEMORY='12XB' is not a size" in capsys.readouterr().err
+
+
+TP_SCRIPT = """
+    import sys
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).to("neuron")
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 16).to("neuron")
+    for step in range(int(sys.argv[1])):
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+"""
+
+
+def test_project_under_torchrun_reports_rank_zero_and_writes_every_ranks_report(tmp_path):
+    from subproc import communicate
+    from torchrun import torchrun
+
+    script = tmp_path / "train_tp.py"
+    script.write_text(textwrap.dedent(TP_SCRIPT))
+    report_file = tmp_path / "report.txt"
+    job = torchrun("--no-python", "adaptive-eager", "project", "--tokens-per-step", "8", "--report-file",
+                   str(report_file), str(script), "3", env={"NEURON_ADAPTIVE_EAGER": "0"})
+    out, printed = communicate(job, what="torchrun")  # the reports are on stderr
+    assert job.returncode == 0, f"{out}\n{printed}"
+    assert printed.count("adaptive-eager project:") == 1 and "; rank 0 of 2" in printed  # one report on the terminal
+    reports = [(tmp_path / f"report.txt.rank{r}").read_text() for r in range(2)]
+    assert [f"; rank {r} of 2" in text for r, text in enumerate(reports)] == [True, True]
+    rows = [_step_rows(text) for text in reports]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]  # a symmetric step: both ranks spend alike
+    # The all-reduce of the row-wise layer's output and of its gradient, each priced on the link.
+    assert "c10d::allreduce_" in reports[0]
+    assert "MFU: 6 x parameters x tokens / step time / the devices' peak torch.float32 FLOP/s, 2 x " in reports[0]
