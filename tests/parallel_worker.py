@@ -1,5 +1,5 @@
 """One rank of a data- or tensor-parallel run of a tiny Hugging Face Llama, started by torchrun
-(tests/integrations/test_parallel_projection.py).
+(tests/clients/test_parallel_projection.py).
 
 Usage: parallel_worker.py OUT_DIR DEVICE KIND. KIND 'tp': the attention and MLP projections
 split over the ranks with DTensor's `parallelize_module` (q/k/v and gate/up column-wise, o and
@@ -9,7 +9,9 @@ and the head replicated; every rank the same batch. 'ddp': DistributedDataParall
 neuron tensors with the "neuron" backend (NEURON_ADAPTIVE_EAGER's mode; NEURON_PROJECTION=1 for a
 run without values), 'cpu' is the reference (gloo). Each rank writes OUT_DIR/rank<N>.json: its
 losses and final local parameters (not in projection, where there are none), and per step what
-the device spent.
+the device spent. Without torchrun, FAKE_WORLD=N NEURON_PROJECTION=1 projects rank 0 of N ranks
+alone, on torch's fake process group (the other ranks are taken to hold what it holds: Note
+[Projected collectives]).
 """
 from __future__ import annotations
 
@@ -81,7 +83,12 @@ def _parallel(model, kind: str, device: str, world: int):
 
 def main() -> None:
     out_dir, device, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-    dist.init_process_group("neuron" if device == "neuron" else "gloo")
+    if os.environ.get("FAKE_WORLD"):  # no torchrun: rank 0 of a job of FAKE_WORLD ranks, alone
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=int(os.environ["FAKE_WORLD"]))
+    else:
+        dist.init_process_group("neuron" if device == "neuron" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = _parallel(_model(), kind, device, world)
     # foreach=False: the parameters are DTensors and plain tensors (the replicated ones), which

@@ -2,13 +2,17 @@
 projection (issue 40): tensor parallelism (DTensor's `parallelize_module`) on neuron gives CPU's
 bits; a projected DDP, FSDP2 or tensor-parallel step costs what the same step with bytes costs
 (launches, ops, modelled time, memory, transfers), collectives included, priced on the link
-(Note [Collectives on the link]); tensor parallelism projects over 8 ranks.
+(Note [Collectives on the link]); tensor parallelism projects over 8 ranks; one process projects
+rank 0 of 64 on torch's fake process group.
 
 The ranks are tests/parallel_worker.py; each writes what it measured, the tests compare."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -24,11 +28,17 @@ PROJECTION = {"NEURON_PROJECTION": "1"}
 
 
 def _run(tmp_path, runs: dict[str, tuple[str, str, dict, int]]) -> dict[str, list[dict]]:
-    """Start each run (name -> device, kind, env, ranks) at once; each rank's results."""
+    """Start each run (name -> device, kind, env, ranks) at once; each rank's results. A run
+    with FAKE_WORLD in its env is one process (rank 0 of that many), without torchrun."""
     jobs = {}
     for name, (device, kind, env, ranks) in runs.items():
         (tmp_path / name).mkdir()
-        jobs[name] = (torchrun(str(WORKER), str(tmp_path / name), device, kind, env=env, nproc=ranks), ranks)
+        args = (str(WORKER), str(tmp_path / name), device, kind)
+        if "FAKE_WORLD" in env:
+            jobs[name] = (subprocess.Popen([sys.executable, *args], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True), 1)
+        else:
+            jobs[name] = (torchrun(*args, env=env, nproc=ranks), ranks)
     for job, _ in jobs.values():
         finish(job)
     return {name: [json.loads((tmp_path / name / f"rank{r}.json").read_text()) for r in range(ranks)]
@@ -43,7 +53,9 @@ def runs(tmp_path_factory):
                       "tp-projected": ("neuron", "tp", PROJECTION, 2),
                       "ddp": ("neuron", "ddp", {}, 2), "ddp-projected": ("neuron", "ddp", PROJECTION, 2),
                       "fsdp2": ("neuron", "fsdp2", {}, 2), "fsdp2-projected": ("neuron", "fsdp2", PROJECTION, 2),
-                      "tp8-projected": ("neuron", "tp", PROJECTION, 8)})
+                      "tp8-projected": ("neuron", "tp", PROJECTION, 8),
+                      "fsdp2-fake2": ("neuron", "fsdp2", {**PROJECTION, "FAKE_WORLD": "2"}, 1),
+                      "fsdp2-fake64": ("neuron", "fsdp2", {**PROJECTION, "FAKE_WORLD": "64"}, 1)})
 
 
 def test_tensor_parallel_llama_on_neuron_trains_to_the_cpu_runs_bits(runs):
@@ -85,3 +97,13 @@ def test_tensor_parallelism_projects_over_eight_ranks(runs):
     assert all(r["local_shapes"][1] == [8, 64] for r in ranks)  # q_proj's 64 features over 8 ranks
     assert all(r["steps"] == ranks[0]["steps"] for r in ranks)  # a symmetric step: every rank alike
     assert ranks[0]["steps"][-1]["memory"] < runs["tp-projected"][0]["steps"][-1]["memory"]  # smaller shards
+
+
+def test_one_process_projects_rank_zero_of_a_job_on_the_fake_process_group(runs):
+    # torch's FakeProcessGroup: rank 0 of 2 alone spends what rank 0 of the two-process job spends.
+    alone, in_the_job = runs["fsdp2-fake2"][0], runs["fsdp2-projected"][0]
+    assert alone["world"] == 2 and alone["steps"] == in_the_job["steps"]
+    # and rank 0 of 64, which no machine here could start 64 processes for: a 64th of each layer
+    wide = runs["fsdp2-fake64"][0]
+    assert wide["world"] == 64 and len(wide["steps"]) == 4
+    assert wide["steps"][-1]["memory"] < alone["steps"][-1]["memory"]
