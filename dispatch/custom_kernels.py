@@ -99,7 +99,9 @@ def _on_host(fn, overload, neuron_made_on_host: bool = False):
         if handled:
             return out
         if native.projection_enabled():
-            return _run_projected(overload, neuron_made_on_host, args, kwargs)
+            if neuron_made_on_host:  # an nki_op
+                return _run_nki_on_placeholder_values(fn, overload, args, kwargs)
+            return _run_projected(overload, args, kwargs)
         device, in_bytes = [-1], [0]
 
         def to_host(x):
@@ -123,17 +125,23 @@ def _on_host(fn, overload, neuron_made_on_host: bool = False):
                     out = fn(*host_args, **host_kwargs)
             else:
                 out = fn(*host_args, **host_kwargs)
-        if kernels.kernels and info.cost_hook is None:
-            # Note [NKI kernels on neuron]: a body that ran NKI kernels costs their modelled time,
-            # and the framework's copies of their non-row-major arguments (device/nki/kernel.py)
-            copies_us = sum(runtime.cost.op_us(0, 2 * nbytes, torch.float32) for nbytes in kernels.staged)
-            runtime.launch(index, kernels.us + copies_us, name=overload.name())
-        else:
-            _launch_priced(overload, info, index, host_args, host_kwargs, out, in_bytes[0])
+        _launch_ran(overload, info, index, kernels, host_args, host_kwargs, out, in_bytes[0])
         return pytree.tree_map(lambda t: native.adopt(t, index) if isinstance(t, torch.Tensor) else t, out)
 
     kernel.__name__ = f"neuron_{overload._schema.name.split('::')[-1]}"
     return kernel
+
+
+def _launch_ran(overload, info, index: int, kernels, args, kwargs, out, in_bytes: int) -> None:
+    """One launch for a body that ran on host tensors, `kernels` what measuring() saw it run."""
+    if kernels.kernels and info.cost_hook is None:
+        # Note [NKI kernels on neuron]: a body that ran NKI kernels costs their modelled time,
+        # and the framework's copies of their non-row-major arguments (device/nki/kernel.py)
+        runtime = CONTEXT.runtime
+        copies_us = sum(runtime.cost.op_us(0, 2 * nbytes, torch.float32) for nbytes in kernels.staged)
+        runtime.launch(index, kernels.us + copies_us, name=overload.name())
+    else:
+        _launch_priced(overload, info, index, args, kwargs, out, in_bytes)
 
 
 def _launch_priced(overload, info, index: int, args, kwargs, out, in_bytes: int) -> None:
@@ -144,17 +152,13 @@ def _launch_priced(overload, info, index: int, args, kwargs, out, in_bytes: int)
     CONTEXT.runtime.launch(index, priced_us(info, args, kwargs, out, in_bytes + out_bytes, dtype), name=overload.name())
 
 
-def _run_projected(overload, is_nki: bool, args, kwargs):
+def _run_projected(overload, args, kwargs):
     """Note [Custom kernels in projection mode]: tensors have no values (adaptive_eager.projection),
     so the kernel's body cannot run: its shape function (`fake=`, or `register_fake`) runs on
     meta tensors of its arguments' geometry instead, its results get projected bytes, and its
     launch is priced by its cost hook (which reads shapes) or by bytes and FLOPs, as with values.
-    An NKI kernel's time comes from running it in the simulator, which needs values: refused."""
+    An NKI kernel's time comes from running it: _run_nki_on_placeholder_values."""
     name = overload._schema.name
-    if is_nki:
-        raise NotImplementedError(
-            f"NKI kernel {name} in projection mode: its modelled time comes from running it in the NKI "
-            "simulator, which needs its arguments' values. Run it outside adaptive_eager.projection().")
     shape_fn = torch._library.simple_registry.singleton.find(name).fake_impl.kernel
     opdef = OPDEFS.get(name)  # a custom_op's fake kernel exists, and raises, where none was given
     if shape_fn is None or (opdef is not None and opdef._abstract_fn is None
@@ -175,13 +179,62 @@ def _run_projected(overload, is_nki: bool, args, kwargs):
     out = shape_fn(*meta_args, **meta_kwargs)
     index = CONTEXT.runtime.current_index if device[0] < 0 else device[0]
     _launch_priced(overload, classify(overload), index, meta_args, meta_kwargs, out, in_bytes[0])
-    for i, argument in enumerate(overload._schema.arguments):  # what it writes: values unknown now
+    return _projected_results(overload, args, kwargs, out, index)
+
+
+def _projected_results(overload, args, kwargs, out, index: int):
+    """A projected kernel's results, as projected neuron tensors of `out`'s geometry (meta or
+    host tensors); what it writes has no known values any more."""
+    for i, argument in enumerate(overload._schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
             value = args[i] if i < len(args) else kwargs.get(argument.name)
             for t in pytree.tree_leaves(value):
                 if isinstance(t, torch.Tensor) and t.device.type == "neuron":
                     native.forget_values(t)
-    return pytree.tree_map(lambda t: native.adopt_meta(t, index) if isinstance(t, torch.Tensor) else t, out)
+
+    def adopt(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.device.type != "meta":
+            t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        return native.adopt_meta(t, index)
+    return pytree.tree_map(adopt, out)
+
+
+# Note [NKI kernels in projection mode]: an NKI kernel's time comes from running it in the NKI
+# simulator (Note [NKI kernels on neuron]), which reads values. Its instructions, their shapes and
+# so its modelled time depend on its arguments' geometry, not their values, unless its control
+# flow reads values (a kernel that branches on data: its time is what zeros give). So in
+# projection mode it runs, as value-dependent ops do (Note [Value-dependent ops on placeholder
+# values]), on host zeros of its arguments' geometry, up to PLACEHOLDER_RUN_BYTES of them; its
+# results take projected bytes and its launch costs the simulated time, as with values.
+PLACEHOLDER_RUN_BYTES = 256 * 2**20
+
+
+def _run_nki_on_placeholder_values(fn, overload, args, kwargs):
+    name = overload._schema.name
+    device, in_bytes = [-1], [0]
+
+    def to_zeros(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "neuron":
+            device[0] = x.device.index
+            in_bytes[0] += x.nbytes
+            return torch.zeros_like(x, device="cpu")  # zeros_like keeps a dense tensor's strides
+        return x
+
+    sizes = [x.nbytes for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.device.type == "neuron"]
+    if sum(sizes) > PLACEHOLDER_RUN_BYTES:
+        raise NotImplementedError(
+            f"NKI kernel {name} in projection mode: its modelled time comes from running it in the NKI simulator, "
+            f"here on placeholder zeros of its arguments' geometry, up to {PLACEHOLDER_RUN_BYTES >> 20} MiB of them; "
+            f"its arguments hold {sum(sizes) / 2**20:,.0f} MiB. Project it on smaller shapes, or run it outside "
+            "adaptive_eager.projection().")
+    host_args, host_kwargs = pytree.tree_map(to_zeros, (args, kwargs))
+    index = CONTEXT.runtime.current_index if device[0] < 0 else device[0]
+    with measuring() as kernels, _NeuronMadeOnHost():
+        out = fn(*host_args, **host_kwargs)
+    _launch_ran(overload, classify(overload), index, kernels, host_args, host_kwargs, out, in_bytes[0])
+    return _projected_results(overload, args, kwargs, out, index)
 
 
 class _NeuronMadeOnHost(torch.overrides.TorchFunctionMode):

@@ -3,6 +3,7 @@
 register_autograd, and stopped in with pdb."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -277,3 +278,32 @@ def test_the_readmes_nki_example_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "EXAMPLE OK" in proc.stdout and "us modelled" in proc.stdout
     assert (tmp_path / "kernel.json").is_file()
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_nki_kernels_in_projection_cost_what_they_cost_with_values(mode):
+    """Note [NKI kernels in projection mode]: before, refused ("needs its arguments' values")."""
+    def step(projected: bool):
+        with adaptive_eager.mode(mode), adaptive_eager.projection() if projected else contextlib.nullcontext():
+            x = torch.ones(200, 64, device="neuron").requires_grad_()
+            a, out = torch.ones(128, 64, device="neuron"), torch.empty(128, 64, device="neuron")
+            torch.neuron.synchronize()
+            adaptive_eager.reset_stats()
+            y = nki_silu(x)  # a result, then its NKI backward
+            y.backward(torch.ones_like(y))
+            nki_scale_into(a, out)  # and a kernel that writes an argument
+            s = adaptive_eager.stats()
+            return ((y.shape, x.grad.shape), (s.launches, s.device_time_us, s.memory_bytes),
+                    [adaptive_eager.is_projected(t) for t in (y, x.grad, out)])
+
+    with_bytes, projected = step(False), step(True)
+    assert projected[:2] == with_bytes[:2] and with_bytes[1][1] > 0
+    assert projected[2] == [True] * 3 and with_bytes[2] == [False] * 3
+
+
+def test_an_nki_kernel_too_large_to_run_on_placeholder_values_is_refused_by_name():
+    with adaptive_eager.projection():
+        x = torch.empty(2**20, 80, device="neuron")  # 320 MiB
+        with pytest.raises(NotImplementedError, match="NKI kernel nki_test::silu in projection mode.*320 MiB"):
+            nki_silu(x)
+            torch.neuron.synchronize()
