@@ -61,6 +61,7 @@ class StepRecorder:
 
     def __init__(self):
         self.steps: list[Step] = []
+        self.rank, self.world = 0, 1  # the job's, at the steps (torch's fake process group: no torchrun)
         self._last = None
         self._handle = None
 
@@ -92,6 +93,8 @@ class StepRecorder:
         roofline = collections.Counter()
         for name, us in native.take_op_log():
             roofline[name] += us
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.steps.append(Step(launches=now.launches - self._last.launches, ops=now.ops - self._last.ops,
                                device_us=now.device_time_us - self._last.device_time_us,
@@ -247,8 +250,7 @@ def cmd_project(args) -> int:
         devices=runtime.device_count, capacity=runtime.devices[0].memory.capacity, steps=recorder.steps,
         stats=adaptive_eager.stats(), peak_memory={i: d.memory.peak for i, d in enumerate(runtime.devices) if d.memory.peak},
         peak_flops={dt: 1e6 / runtime.cost.us_per_flop(dt) for dt in dtypes},
-        tokens_per_step=args.tokens_per_step, top=args.top, rank=int(os.environ.get("RANK", "0")),
-        world=int(os.environ.get("WORLD_SIZE", "1")))
+        tokens_per_step=args.tokens_per_step, top=args.top, rank=recorder.rank, world=recorder.world)
     sys.stdout.flush()
     if report.rank == 0:  # under torchrun, one report on the terminal: rank 0's
         print(report, file=sys.stderr, flush=True)

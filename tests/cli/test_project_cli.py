@@ -122,7 +122,11 @@ TP_SCRIPT = """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    dist.init_process_group("neuron")
+    if len(sys.argv) > 2:  # rank 0 of that many, alone, on torch's fake process group
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=int(sys.argv[2]))
+    else:
+        dist.init_process_group("neuron")
     mesh = init_device_mesh("neuron", (dist.get_world_size(),))
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).to("neuron")
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
@@ -156,3 +160,11 @@ def test_project_under_torchrun_reports_rank_zero_and_writes_every_ranks_report(
     # The all-reduce of the row-wise layer's output and of its gradient, each priced on the link.
     assert "c10d::allreduce_" in reports[0]
     assert "MFU: 6 x parameters x tokens / step time / the devices' peak torch.float32 FLOP/s, 2 x " in reports[0]
+
+
+def test_project_names_the_rank_of_a_job_on_the_fake_process_group(tmp_path):
+    script = tmp_path / "train_tp.py"
+    script.write_text(textwrap.dedent(TP_SCRIPT))
+    report = _adaptive_eager("project", "--tokens-per-step", "8", str(script), "3", "16").stderr
+    assert "; rank 0 of 16" in report  # no torchrun: the job's size is the process group's
+    assert "the devices' peak torch.float32 FLOP/s, 16 x " in report
