@@ -41,6 +41,13 @@ def is_distributed_namespace(namespace: str) -> bool:
 _SIZED_BY_SCALARS = frozenset({"aten::arange", "aten::range"})
 
 
+def _is_scalar_type(t) -> bool:
+    """A schema's `Scalar` or `Scalar?` (TorchScript's NumberType), not a list of them."""
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch.NumberType)
+
+
 @dataclasses.dataclass(frozen=True)
 class OpInfo:
     op: torch._ops.OpOverload
@@ -66,6 +73,10 @@ class OpInfo:
     # Its outputs' sizes come from its Scalar arguments' values (arange(0.0, n / 2, 0.5)):
     # floats are keyed by value for it, not lifted (Note [Lifted scalars] in record.py).
     sized_by_scalars: bool = False
+    # Its `Scalar` (or `Scalar?`) arguments: positions and names. A bool there is lifted as a
+    # float is (Note [Lifted scalars] in record.py): its value decides no output's geometry.
+    scalar_args: frozenset = frozenset()
+    scalar_kwargs: frozenset = frozenset()
     # aten.index.Tensor: its output shape depends on the data only for boolean (mask) indices;
     # with integer indices (x[tokens]) it is the indices' shape (static_shape_for below)
     shape_from_index_dtypes: bool = False
@@ -220,5 +231,7 @@ def _classify(op) -> OpInfo:
         is_collective=is_distributed_namespace(op.namespace),
         cost_hook=COST_HOOKS.get(op),
         sized_by_scalars=schema.name in _SIZED_BY_SCALARS,
+        scalar_args=frozenset(i for i, a in enumerate(schema.arguments) if _is_scalar_type(a.type)),
+        scalar_kwargs=frozenset(a.name for a in schema.arguments if _is_scalar_type(a.type)),
         shape_from_index_dtypes=op is aten.index.Tensor,
     )

@@ -30,6 +30,8 @@ def _guard(template, key) -> tuple:
             return ("any_float",)
         if key is complex:
             return ("any_complex",)
+        if key is bool:  # a bool passed as a Scalar: Note [Lifted scalars]
+            return ("any_bool",)
         return _UNSUPPORTED  # an opaque object, keyed by its type
     if type(template) is list:
         return ("list", tuple(_guard(t, k) for t, k in zip(template, key)))

@@ -11,10 +11,14 @@ the schema says Tensor but a float was passed (AdamW's `div.Tensor(x, 0.0547)`).
 their type is keyed; the value is bound per call. Otherwise an optimizer whose step size
 or bias correction changes every step would never repeat. Not for the ops whose output
 sizes those values decide, `arange` and `range` (OpInfo.sized_by_scalars): keyed by value
-there, or a trace would promise mvlgamma's backward an `arange` of another length. Ints,
-bools, strings, dtypes, layouts, memory formats and devices are structural (they change
-shapes or kernels) and are keyed by value; bools are keyed apart from ints because
-`True == 1`.
+there, or a trace would promise mvlgamma's backward an `arange` of another length. A bool
+passed as a `Scalar` argument is lifted too (its type keyed, its value bound): there it is
+a value like a float, which decides no output's geometry, and generate()'s stopping
+criteria fill their done flag with `cur_len >= max_length` (`fill_(t, False)` every token
+but the last): keyed by value, the token's trace diverged at the last token of every call,
+and the ops after it ran one by one, recorded in Python (issue 35). Ints, other bools,
+strings, dtypes, layouts, memory formats and devices are structural (they change shapes or
+kernels) and are keyed by value; bools are keyed apart from ints because `True == 1`.
 
 Note [CPU scalar tensors]: a CPU 0-dim tensor passed to an op (and not written by it) is
 a scalar, as on CUDA: its value is read when the op is issued (the bound value is a
@@ -160,12 +164,22 @@ class OpRecord:
                 arg_keys.append((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device))
                 arg_tmpl.append(_slot(len(values) - 1))
                 continue
+            if a.__class__ is bool and lift and i in info.scalar_args:  # Note [Lifted scalars]
+                values.append(a)
+                arg_keys.append(bool)
+                arg_tmpl.append(_slot(len(values) - 1))
+                continue
             k, t = _describe(a, values, i not in written, lift)
             arg_keys.append(k)
             arg_tmpl.append(t)
         kw_keys, kw_tmpl = [], {}
         if kwargs:
             for name, a in kwargs.items():
+                if a.__class__ is bool and lift and name in info.scalar_kwargs:  # Note [Lifted scalars]
+                    values.append(a)
+                    kw_keys.append((name, bool))
+                    kw_tmpl[name] = _slot(len(values) - 1)
+                    continue
                 k, t = _describe(a, values, name not in info.written_kwargs, lift)
                 kw_keys.append((name, k))
                 kw_tmpl[name] = t
@@ -233,7 +247,7 @@ def _contiguous_strides(shape) -> tuple:
 
 def _fmt_key(key, value) -> str:
     """A slot's key (and value, for scalars) as text: 'f32[64, 256] neuron:0'."""
-    if key is float or key is complex:
+    if key is float or key is complex or key is bool:  # lifted: Note [Lifted scalars]
         return key.__name__ if value is None else repr(value)
     if isinstance(key, tuple) and len(key) == 2 and key[0] is CPU_SCALAR:
         shown = "" if not isinstance(value, torch.Tensor) else f"={value.item()!r}"

@@ -231,3 +231,32 @@ def test_generate_over_prompts_one_of_them_padded_settles_once_its_phases_are_kn
     assert last[:5] * 3 == last[5:], per_call  # settled: the same launches every five calls
     assert max(last) <= 80, per_call
     assert SWITCH.adaptive.detection_paused
+
+
+def test_generate_completes_its_last_tokens_trace_whatever_the_done_flag():
+    """Issue 35, Note [Lifted scalars]: generate()'s stopping criteria fill the done flag with
+    a Python bool, `cur_len >= max_length`, False at every token but the last. Keyed by value,
+    the token's trace diverged at that `fill_` in every call, its last ops ran one by one
+    through the Python engine, and bench hf-decode ran 2 divergences and 34.6 launches a call
+    (173 per five calls, the prompts' period). A bool passed as a Scalar is lifted now, as a
+    float is: the last token completes the trace, and the tokens stay CPU's."""
+    sequence = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    prompts = [sequence[:, :n] for n in (6, 9, 7, 10, 8)]  # bench hf-decode's
+
+    def calls(device, mode, count, on_call=lambda k: None):
+        with adaptive_eager.mode(mode):
+            model = _model("gpt2").to(device)
+            out = []
+            for k in range(count):
+                out.append(model.generate(prompts[k % 5].to(device), max_new_tokens=8, do_sample=False,
+                                          pad_token_id=0).cpu())
+                on_call(k)
+            return out
+
+    seen = []
+    neuron = calls("neuron", "adaptive", 100, lambda k: seen.append(adaptive_eager.stats()))
+    assert all(torch.equal(a, b) for a, b in zip(neuron, calls("cpu", "eager", 100)))
+    launches = seen[-1].launches - seen[-11].launches  # the last ten calls: two periods of the prompts
+    assert launches <= 280, launches  # was 346
+    at_done_flag = [d for d in adaptive_eager.explain().recent_divergences if "expected False, got True" in d]
+    assert not at_done_flag, at_done_flag  # was the last token of every call

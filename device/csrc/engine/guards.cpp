@@ -9,7 +9,8 @@
 //     would leave it out; an argument it passes must not, where leaving it out would change
 //     the call's shape (the last positional one, and keyword-only ones);
 //   - a tensor by device, sizes, strides, offset and dtype; a CPU 0-dim tensor by dtype; a
-//     lifted float or complex by type (its value is bound per call: Note [Lifted scalars]);
+//     lifted float or complex, or a bool passed as a Scalar, by type (its value is bound per
+//     call: Note [Lifted scalars]);
 //   - ints, bools, floats, strings, None, dtypes, layouts, memory formats and devices by value,
 //     bools apart from ints; lists by length, then element by element. A Python number the
 //     dispatcher wrapped as a CPU tensor (for a Tensor argument) counts as the number: the
@@ -150,6 +151,8 @@ bool matches_value(const Guard& g, const IValue& v, int64_t* syms) {
       return v.isDouble() || wrapped_number(v, at::kDouble) != nullptr;
     case Guard::kAnyComplex:
       return v.isComplexDouble() || wrapped_number(v, at::kComplexDouble) != nullptr;
+    case Guard::kAnyBool:  // a Scalar argument's: never a wrapped tensor
+      return v.isBool();
     case Guard::kInt: {
       const at::Tensor* t = wrapped_number(v, at::kLong);
       return t != nullptr ? *t->const_data_ptr<int64_t>() == g.value : v.isInt() && v.toInt() == g.value;
@@ -217,6 +220,8 @@ Guard parse_guard(const py::handle& spec) {
     g.kind = Guard::kAnyDouble;
   } else if (kind == "any_complex") {
     g.kind = Guard::kAnyComplex;
+  } else if (kind == "any_bool") {
+    g.kind = Guard::kAnyBool;
   } else if (kind == "value") {
     const py::handle v = t[1];
     if (v.is_none()) {

@@ -20,6 +20,7 @@ struct Guard {
     kCpuScalar,
     kAnyDouble,
     kAnyComplex,
+    kAnyBool,  // a bool passed as a Scalar, lifted (Note [Lifted scalars] in adaptive_eager/engine/record.py)
     kInt,
     kBool,
     kDouble,
