@@ -493,7 +493,6 @@ def test_an_arange_whose_float_end_changes_gets_its_own_length():
     assert all(torch.equal(a, b) for a, b in zip(adaptive, eager))
 
 
-
 def test_a_bool_passed_as_a_scalar_is_lifted_and_a_trace_replays_with_either_value():
     # Note [Lifted scalars]: generate()'s done flag, `torch.full((1,), cur_len >= max_len)`, is
     # a fill with a Python bool. Keyed by value, a step whose flag had changed ran op by op (9
@@ -517,6 +516,7 @@ def test_a_bool_passed_as_a_scalar_is_lifted_and_a_trace_replays_with_either_val
     (eager, _), (adaptive, launches) = run("eager"), run("adaptive")
     assert all(torch.equal(a, b) for a, b in zip(adaptive, eager))
     assert launches[2:] == [1] * (len(flags) - 2), launches  # was 9 at the 6th and 12th steps
+
 
 def _gather_steps(index_dtype, steps=8):
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0)).to("neuron")
