@@ -194,6 +194,24 @@ def test_repeated_generate_calls_match_most_of_their_ops_in_cpp_once_detection_f
     assert armed >= 0.9 * ops, (armed, ops)  # was 0: the Python route matched every op
 
 
+def _five_prompts() -> list:
+    """Five prompts of 6 to 10 tokens cut from one sequence (bench hf-decode's); the fourth ends in 0."""
+    sequence = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    return [sequence[:, :n] for n in (6, 9, 7, 10, 8)]
+
+
+def _generate_over(prompts, device, mode, count, on_call=lambda k: None) -> list:
+    """`count` greedy generate() calls of 8 tokens on a fresh GPT-2, cycling through `prompts`."""
+    with adaptive_eager.mode(mode):
+        model = _model("gpt2").to(device)
+        out = []
+        for k in range(count):
+            out.append(model.generate(prompts[k % len(prompts)].to(device), max_new_tokens=8, do_sample=False,
+                                      pad_token_id=0).cpu())
+            on_call(k)
+        return out
+
+
 def test_generate_over_prompts_one_of_them_padded_settles_once_its_phases_are_known():
     """Issue 35/36: five prompts in turn, prefixes of one sequence, the fourth ending in the pad
     token (bench hf-decode's): that call's tokens take a longer mask path, and the stream
@@ -209,23 +227,12 @@ def test_generate_over_prompts_one_of_them_padded_settles_once_its_phases_are_kn
     paused."""
     from adaptive_eager.mode import SWITCH
 
-    sequence = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
-    prompts = [sequence[:, :n] for n in (6, 9, 7, 10, 8)]
+    prompts = _five_prompts()
     assert prompts[3][0, -1] == 0 and all((p != 0).all() for i, p in enumerate(prompts) if i != 3)
 
-    def calls(device, mode, count, on_call=lambda k: None):
-        with adaptive_eager.mode(mode):
-            model = _model("gpt2").to(device)
-            out = []
-            for k in range(count):
-                out.append(model.generate(prompts[k % 5].to(device), max_new_tokens=8, do_sample=False,
-                                          pad_token_id=0).cpu())
-                on_call(k)
-            return out
-
     launches = []
-    neuron = calls("neuron", "adaptive", 120, lambda k: launches.append(adaptive_eager.stats().launches))
-    assert all(torch.equal(a, b) for a, b in zip(neuron, calls("cpu", "eager", 120)))
+    neuron = _generate_over(prompts, "neuron", "adaptive", 120, lambda k: launches.append(adaptive_eager.stats().launches))
+    assert all(torch.equal(a, b) for a, b in zip(neuron, _generate_over(prompts, "cpu", "eager", 120)))
     per_call = [b - a for a, b in zip(launches, launches[1:])]
     last = per_call[-20:]
     assert last[:5] * 3 == last[5:], per_call  # settled: the same launches every five calls
@@ -240,22 +247,10 @@ def test_generate_completes_its_last_tokens_trace_whatever_the_done_flag():
     through the Python engine, and bench hf-decode ran 2 divergences and 34.6 launches a call
     (173 per five calls, the prompts' period). A bool passed as a Scalar is lifted now, as a
     float is: the last token completes the trace, and the tokens stay CPU's."""
-    sequence = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
-    prompts = [sequence[:, :n] for n in (6, 9, 7, 10, 8)]  # bench hf-decode's
-
-    def calls(device, mode, count, on_call=lambda k: None):
-        with adaptive_eager.mode(mode):
-            model = _model("gpt2").to(device)
-            out = []
-            for k in range(count):
-                out.append(model.generate(prompts[k % 5].to(device), max_new_tokens=8, do_sample=False,
-                                          pad_token_id=0).cpu())
-                on_call(k)
-            return out
-
+    prompts = _five_prompts()  # bench hf-decode's
     seen = []
-    neuron = calls("neuron", "adaptive", 100, lambda k: seen.append(adaptive_eager.stats()))
-    assert all(torch.equal(a, b) for a, b in zip(neuron, calls("cpu", "eager", 100)))
+    neuron = _generate_over(prompts, "neuron", "adaptive", 100, lambda k: seen.append(adaptive_eager.stats()))
+    assert all(torch.equal(a, b) for a, b in zip(neuron, _generate_over(prompts, "cpu", "eager", 100)))
     launches = seen[-1].launches - seen[-11].launches  # the last ten calls: two periods of the prompts
     assert launches <= 280, launches  # was 346
     at_done_flag = [d for d in adaptive_eager.explain().recent_divergences if "expected False, got True" in d]

@@ -541,7 +541,9 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HostCall call;
   call.projecting = projection_enabled();
   call.cpu_indices_ok = is_cpu_index_op(name);
-  const bool priced_collective = is_priced_collective(name);
+  // c10d's prefix first: every op takes this path, and the table's lookup hashes its name.
+  const bool collective = name.name.compare(0, 6, "c10d::") == 0;
+  const bool priced_collective = collective && is_priced_collective(name);
   if (call.projecting && priced_collective) {  // Note [Projected collectives] (collectives.cpp)
     project_collective(op, stack, first);
     return;
@@ -583,7 +585,6 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (profiling() && !in_fused_launch()) {
     range.emplace("neuron::" + name.name);
   }
-  const bool collective = name.name.compare(0, 6, "c10d::") == 0;
   // Note [Collectives on the link]: priced from the arguments, before the op changes them.
   const std::optional<double> link_us = collective ? collective_us(op, *stack, first) : std::nullopt;
   // Note [Reduce ops as NCCL computes them] (collectives.cpp): PREMUL_SUM and integer AVG.
