@@ -7,7 +7,6 @@ time in a nested `neuron::device_time` range (Note [Profiler ranges] in device/p
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 
@@ -17,6 +16,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import adaptive_eager
+from chrome_trace import read_events
 from adaptive_eager.device import profiling
 
 FUSED = re.compile(r"neuron::fused\[trace (\d+), (\d+) ops(?:: (.+) -> (.+))?\]$")
@@ -29,7 +29,7 @@ def _profile(fn, tmp_path, **options):
         fn()
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())["traceEvents"]
+    events = read_events(path)
     return prof, [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith("neuron::")]
 
 

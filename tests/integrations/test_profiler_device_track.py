@@ -10,7 +10,6 @@ exported chrome trace as Perfetto would: complete slices, flows paired by id, ne
 """
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 
@@ -20,9 +19,12 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import adaptive_eager
+from chrome_trace import read_events
 
 NEURON = ProfilerActivity.NEURON  # torch's PrivateUse1 activity, named for the backend
-NS = 1e-3  # the trace's times are µs with three decimals: a nanosecond of rounding per edge
+# The trace's times are µs with three decimals: a nanosecond of rounding per edge, and a
+# double's error on that nanosecond (times are read relative to the trace's first: read_events).
+NS = 1e-3 + 1e-9
 
 
 def _trace(fn, tmp_path, activities=(ProfilerActivity.CPU, NEURON)):
@@ -30,7 +32,8 @@ def _trace(fn, tmp_path, activities=(ProfilerActivity.CPU, NEURON)):
         fn()
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
-    return prof, json.loads(path.read_text())["traceEvents"]
+    return prof, read_events(path)
+
 
 
 def _device_slices(events, device=0):
