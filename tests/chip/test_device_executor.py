@@ -4,6 +4,7 @@ issue returns before the kernel has run, host reads wait, errors surface at the 
 process's CPU kernels keep their speed after neuron work."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -138,6 +139,43 @@ def test_a_cpu_matmul_keeps_its_speed_after_a_neuron_backward():
         emit(median_us() / before)
     """, env={"OMP_NUM_THREADS": None})
     assert out < 2.0
+
+
+_TEAMS_WHILE_BUSY = """
+    import os, time, torch
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores)  # the device's team then has a thread per core
+    x = torch.randn(4096, device="neuron")
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+    def gelu_on_the_devices_team():
+        torch.nn.functional.gelu(x)  # oneDNN runs it as a parallel region
+        torch.neuron.synchronize()
+    gelu_on_the_devices_team()
+    time.sleep(0.05)  # the device's thread lets its idle team go after a moment
+    idle = threads()
+    busy = 0
+    for _ in range(200):  # the held team starts beside the device's, on a thread of its own
+        gelu_on_the_devices_team()
+        busy = max(busy, threads())
+    time.sleep(0.05)
+    emit({"cores": cores, "busy": busy - idle, "after": threads() - idle})
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread team")
+def test_while_the_devices_team_fills_the_cores_the_process_holds_one_more_so_idle_workers_sleep():
+    # Note [The device's team sleeps between regions]: libgomp's workers spin ~3 ms after each
+    # region unless its threads outnumber the cores; a spinning worker took the host thread's
+    # core as it issued the next op. One more idle team is held beside the device's while it
+    # works, and let go with it.
+    out = run_json(_TEAMS_WHILE_BUSY, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    assert out == {"cores": out["cores"], "busy": (out["cores"] - 1) + 1, "after": 0}  # its workers, one more
+
+
+def test_a_wait_policy_the_user_set_is_libgomps_to_apply_and_no_team_is_held():
+    out = run_json(_TEAMS_WHILE_BUSY, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": "passive"})
+    assert out == {"cores": out["cores"], "busy": out["cores"] - 1, "after": 0}
 
 
 def test_a_steady_eager_training_step_posts_every_op_and_trains_to_cpus_bits():

@@ -13,7 +13,8 @@
 // stops spinning between regions (its "throttled" spin), and every later region of every
 // team wakes its workers through the kernel: a 16x64 CPU matmul took 6 us before a neuron
 // backward and 120-145 us after it, in the same process, because autograd's device thread
-// kept a team. Kernels on one thread make one team; and the executor lets its team go when
+// kept a team. Kernels on one thread make one team, whose idle workers sleep rather than spin
+// (Note [The device's team sleeps between regions]); and the executor lets its team go when
 // it has been idle a moment (Note [The executor's idle team]), so a process that stops
 // using the device gets its CPU kernels' speed back.
 #include "neuron.h"
@@ -25,6 +26,7 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -114,6 +116,83 @@ void settle_released_teams() {
     }
   }
 }
+
+// Note [The device's team sleeps between regions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The executor's team has the host's thread count, which is the core count unless the user
+// set another. After each parallel region libgomp's workers spin for their next one, ~3 ms
+// by default: on a 2-core machine the executor's idle worker took the core the host thread
+// needed to issue the next op (a width-64 MLP training step: eager 1.7x and adaptive 2.3x
+// CPU's wall time, the host thread runnable a third of the time). libgomp spins only 100
+// pauses before it sleeps once the threads it manages outnumber the cores (OMP_WAIT_POLICY's
+// default), as they do on any machine where the user's thread has a team beside the device's.
+// So while the executor keeps a team that, with the host thread, would want more cores than
+// the process has, a thread of ours keeps one more idle team (one worker, asleep): the
+// process's teams wake their workers through the kernel, and the host keeps its core (the
+// same step: eager 1.1x, adaptive 0.95x). It is let go with the executor's team (Note [The
+// executor's idle team]), so a process that stops using the device gets the full spin back.
+// Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and libgomp does what it says: no team is held.
+using ParallelFn = void (*)(void (*)(void*), void*, unsigned, unsigned);
+
+ParallelFn gomp_parallel() {
+  static const ParallelFn fn = reinterpret_cast<ParallelFn>(dlsym(RTLD_DEFAULT, "GOMP_parallel"));
+  return fn;
+}
+
+int process_cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+bool wait_policy_set() {
+  return std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr;
+}
+
+struct SleepingTeams {
+  std::mutex lock;
+  std::condition_variable changed;
+  bool want = false;  // under lock
+  bool started = false;
+
+  // Whether a team of `threads` beside the host thread wants more cores than the process has.
+  static bool needed(int threads) {
+    static const bool policy = wait_policy_set();
+    static const int cores = process_cores();
+    return !policy && threads >= cores && gomp_parallel() != nullptr && omp_pause() != nullptr;
+  }
+
+  void hold(bool on) {
+    const std::lock_guard<std::mutex> guard(lock);
+    if (want == on) {
+      return;
+    }
+    want = on;
+    if (!started) {
+      started = true;
+      std::thread([this] { loop(); }).detach();  // waits for the process's life, as the executor
+    }
+    changed.notify_all();
+  }
+
+  void loop() {
+    bool held = false;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> guard(lock);
+        changed.wait(guard, [&] { return want != held; });
+        held = want;
+      }
+      if (held) {
+        gomp_parallel()([](void*) {}, nullptr, 2, 0);  // this thread's team: one worker, idle
+      } else {
+        release_team();
+      }
+    }
+  }
+};
+
+// Never destroyed, as the executor (below).
+SleepingTeams* g_sleeping = new SleepingTeams;
 
 // Note [The executor spins before it sleeps]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -208,7 +287,7 @@ struct Executor {
     }
     jobs.push_back(std::move(job));
     const uint64_t ticket = issued.fetch_add(1, std::memory_order_release);
-    posted.notify_all();  // the thread, and its parked team (Note [The parked team])
+    posted.notify_all();
     return ticket;
   }
 
@@ -223,19 +302,11 @@ struct Executor {
         if (jobs.empty()) {  // Note [The executor spins before it sleeps]
           spin_for_change(guard, issued, issued.load(std::memory_order_relaxed));
         }
-        if (jobs.empty() && team && at::get_num_threads() > 1) {
-          guard.unlock();
-          const bool woken = park_team();
-          if (!woken && omp_pause() != nullptr) {
-            release_team();  // frees this thread's team (none is active: no region is open)
-            team = false;
-          }
-          continue;
-        }
         if (jobs.empty() && team && omp_pause() != nullptr &&
             !posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
           guard.unlock();
           release_team();  // frees this thread's team (none is active: no region is open)
+          g_sleeping->hold(false);
           team = false;
           continue;
         }
@@ -249,6 +320,9 @@ struct Executor {
       if (at::get_num_threads() != job.threads) {
         at::set_num_threads(job.threads);
       }
+      if (!team && SleepingTeams::needed(job.threads)) {
+        g_sleeping->hold(true);  // Note [The device's team sleeps between regions]
+      }
       team = true;
       job.run();
       job.run = nullptr;  // what it captured goes now, on this thread
@@ -258,20 +332,6 @@ struct Executor {
       }
       ran.notify_all();
     }
-  }
-
-  // Note [The parked team]: while the queue is empty, the team's workers wait on `posted`
-  // inside a region of our own, not in libgomp's spin (which takes a core from the host as
-  // it issues the next op). True when a job came, false after kIdleBeforeRelease without one.
-  bool park_team() {
-    std::atomic<bool> woken{false};
-    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-      std::unique_lock<std::mutex> guard(lock);
-      if (posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
-        woken = true;
-      }
-    });
-    return woken;
   }
 
   // Waits, without the GIL (a job may free a Python-owned storage, or run a Python kernel,
@@ -296,6 +356,7 @@ const int g_fork_handler = pthread_atfork(
     [] {
       g_release.unlock();  // the child's one thread is the one that locked it
       g_executor = new Executor;
+      g_sleeping = new SleepingTeams;  // its thread is the parent's
     });
 
 }  // namespace
