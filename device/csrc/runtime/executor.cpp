@@ -126,12 +126,22 @@ void settle_released_teams() {
 // CPU's wall time, the host thread runnable a third of the time). libgomp spins only 100
 // pauses before it sleeps once the threads it manages outnumber the cores (OMP_WAIT_POLICY's
 // default), as they do on any machine where the user's thread has a team beside the device's.
-// So while the executor keeps a team that, with the host thread, would want more cores than
-// the process has, a thread of ours keeps one more idle team (one worker, asleep): the
-// process's teams wake their workers through the kernel, and the host keeps its core (the
-// same step: eager 1.1x, adaptive 0.95x). It is let go with the executor's team (Note [The
-// executor's idle team]), so a process that stops using the device gets the full spin back.
-// Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and libgomp does what it says: no team is held.
+// So while the host keeps its thread busy (the host-bound regime: it issues, the device keeps
+// up), and the device's team with the host thread would want more cores than the process has,
+// a thread of ours keeps one more idle team (one worker, asleep): the process's teams wake
+// their workers through the kernel, and the host keeps its core (the same step: eager 1.2x).
+// Where the host waits for the device (big ops: a sync, a host read, an op that waits for its
+// own run) it needs no core, and a futex wake per region costs the device more than a
+// spinning worker costs anyone (a width-1024 MLP step took 1.8x as long with sleeping
+// workers): the held team is let go while the host waited for more than kWaitedSpins of the
+// last window (kWindow), and taken again when it waits less than kWaitedSleeps of one. It is
+// let go with the executor's team, too (Note [The executor's idle team]), so a process that
+// stops using the device gets the full spin back. Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT)
+// and libgomp does what it says: no team is held.
+constexpr auto kWindow = std::chrono::milliseconds(20);
+constexpr double kWaitedSpins = 0.3;
+constexpr double kWaitedSleeps = 0.1;
+
 using ParallelFn = void (*)(void (*)(void*), void*, unsigned, unsigned);
 
 ParallelFn gomp_parallel() {
@@ -274,6 +284,9 @@ struct Executor {
   // Jobs posted. Written under `lock`; atomic for the executor's spin, which reads it without.
   std::atomic<uint64_t> issued{0};
   uint64_t done = 0;  // jobs run; the jobs run in order, so job k is done when done > k
+  // Time host threads spent waiting for jobs since the executor last looked (Note [The device's
+  // team sleeps between regions]).
+  std::atomic<int64_t> host_waited_ns{0};
   bool started = false;
   // The first error of a job no host waited for, until a sync raises it.
   std::exception_ptr error;
@@ -295,6 +308,8 @@ struct Executor {
     t_on_executor = true;
     mark_device_thread();
     bool team = false;  // this thread may hold an OpenMP team
+    bool sleeping = false;  // an idle team is held: workers sleep between regions
+    auto window = std::chrono::steady_clock::now();
     for (;;) {
       Job job;
       {
@@ -306,7 +321,10 @@ struct Executor {
             !posted.wait_for(guard, kIdleBeforeRelease, [this] { return !jobs.empty(); })) {
           guard.unlock();
           release_team();  // frees this thread's team (none is active: no region is open)
-          g_sleeping->hold(false);
+          if (sleeping) {
+            g_sleeping->hold(false);
+            sleeping = false;
+          }
           team = false;
           continue;
         }
@@ -320,12 +338,25 @@ struct Executor {
       if (at::get_num_threads() != job.threads) {
         at::set_num_threads(job.threads);
       }
-      if (!team && SleepingTeams::needed(job.threads)) {
+      if (!team && !sleeping && SleepingTeams::needed(job.threads)) {
         g_sleeping->hold(true);  // Note [The device's team sleeps between regions]
+        sleeping = true;
+        window = std::chrono::steady_clock::now();
+        host_waited_ns.store(0, std::memory_order_relaxed);
       }
       team = true;
       job.run();
       job.run = nullptr;  // what it captured goes now, on this thread
+      if (const auto now = std::chrono::steady_clock::now(); now - window >= kWindow) {
+        const double waited = 1e-9 * static_cast<double>(host_waited_ns.exchange(0, std::memory_order_relaxed)) /
+                              std::chrono::duration<double>(now - window).count();
+        const bool sleep = SleepingTeams::needed(job.threads) && (sleeping ? waited <= kWaitedSpins : waited < kWaitedSleeps);
+        if (sleep != sleeping) {  // Note [The device's team sleeps between regions]
+          sleeping = sleep;
+          g_sleeping->hold(sleep);
+        }
+        window = now;
+      }
       {
         std::unique_lock<std::mutex> guard(lock);
         ++done;
@@ -337,10 +368,13 @@ struct Executor {
   // Waits, without the GIL (a job may free a Python-owned storage, or run a Python kernel,
   // which takes it), until done > ticket.
   void wait_past(uint64_t ticket) {
+    const auto start = std::chrono::steady_clock::now();
     without_python([&] {
       std::unique_lock<std::mutex> guard(lock);
       ran.wait(guard, [&] { return done > ticket; });
     });
+    host_waited_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+                             std::memory_order_relaxed);
   }
 };
 
