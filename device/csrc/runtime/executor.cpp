@@ -168,7 +168,7 @@ struct SleepingTeams {
   static bool needed(int threads) {
     static const bool policy = wait_policy_set();
     static const int cores = process_cores();
-    return !policy && threads >= cores && gomp_parallel() != nullptr && omp_pause() != nullptr;
+    return !policy && threads > 1 && threads >= cores && gomp_parallel() != nullptr && omp_pause() != nullptr;
   }
 
   void hold(bool on) {
