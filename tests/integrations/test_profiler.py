@@ -16,8 +16,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import adaptive_eager
-from chrome_trace import read_events
 from adaptive_eager.device import profiling
+from chrome_trace import read_events
 
 FUSED = re.compile(r"neuron::fused\[trace (\d+), (\d+) ops(?:: (.+) -> (.+))?\]$")
 

@@ -35,7 +35,6 @@ def _trace(fn, tmp_path, activities=(ProfilerActivity.CPU, NEURON)):
     return prof, read_events(path)
 
 
-
 def _device_slices(events, device=0):
     """The device track's complete slices, in time order."""
     return sorted((e for e in events if e.get("ph") == "X" and e.get("pid") == device
