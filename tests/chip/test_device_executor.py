@@ -174,6 +174,38 @@ def test_while_the_host_issues_beside_a_device_team_filling_the_cores_idle_worke
     assert out == {"cores": cores, "busy": (cores - 1) + 1, "after": 0}
 
 
+_HELD_WHILE_THE_HOST_WAITS = """
+    import os, torch
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores)
+    def held():  # the thread that holds the idle team, and the team's worker while it is held
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return names.count("neuron_idle_omp") > 1
+    x = torch.randn(4096, device="neuron")
+    issuing = []
+    for _ in range(200):  # small ops, the host issuing: the idle team is held
+        torch.nn.functional.gelu(x)
+        torch.neuron.synchronize()
+        issuing.append(held())
+    m = torch.randn(512, 512, device="neuron")
+    waiting = []
+    for _ in range(200):  # the host waits for each big op: the held team is let go
+        m @ m
+        torch.neuron.synchronize()
+        waiting.append(held())
+    emit({"held while issuing": any(issuing), "held while waiting (last half)": sum(waiting[100:])})
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread team")
+def test_while_the_host_waits_for_the_device_its_workers_spin_between_regions_again():
+    # Note [The device's team sleeps between regions]: a host that waits needs no core, and a
+    # futex wake per region costs the device more than a spinning worker costs anyone. The team
+    # re-made after an idle moment (a host stall past 2 ms) follows the last window's verdict.
+    out = run_json(_HELD_WHILE_THE_HOST_WAITS, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    assert out == {"held while issuing": True, "held while waiting (last half)": 0}
+
+
 def test_a_wait_policy_the_user_set_is_libgomps_to_apply_and_no_team_is_held():
     out = run_json(_TEAMS_WHILE_BUSY, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": "passive"})
     cores = out["cores"]

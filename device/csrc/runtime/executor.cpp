@@ -136,8 +136,9 @@ void settle_released_teams() {
 // workers): the held team is let go while the host waited for more than kWaitedSpins of the
 // last window (kWindow), and taken again when it waits less than kWaitedSleeps of one. It is
 // let go with the executor's team, too (Note [The executor's idle team]), so a process that
-// stops using the device gets the full spin back. Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT)
-// and libgomp does what it says: no team is held.
+// stops using the device gets the full spin back; the team made at the next job follows the
+// last window's verdict. Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and libgomp does what it
+// says: no team is held.
 constexpr auto kWindow = std::chrono::milliseconds(20);
 constexpr double kWaitedSpins = 0.3;
 constexpr double kWaitedSleeps = 0.1;
@@ -185,6 +186,7 @@ struct SleepingTeams {
   }
 
   void loop() {
+    pthread_setname_np(pthread_self(), "neuron_idle_omp");  // and its idle worker
     bool held = false;
     for (;;) {
       {
@@ -307,8 +309,16 @@ struct Executor {
   void loop() {
     t_on_executor = true;
     mark_device_thread();
+    // Named as autograd names its threads (pt_autograd_N): in top -H, py-spy and perf, the
+    // device's kernels show as this thread's, and its OpenMP workers, which take the name of
+    // the thread that made them, as its team's.
+    pthread_setname_np(pthread_self(), "neuron_device");
     bool team = false;  // this thread may hold an OpenMP team
     bool sleeping = false;  // an idle team is held: workers sleep between regions
+    // The last window's verdict, kept while the team is let go: a host that waits for the
+    // device (a sync per big op) and stalls past kIdleBeforeRelease would otherwise get a
+    // held team with each re-made one, for a window at a time.
+    bool host_waits = false;
     auto window = std::chrono::steady_clock::now();
     for (;;) {
       Job job;
@@ -338,9 +348,11 @@ struct Executor {
       if (at::get_num_threads() != job.threads) {
         at::set_num_threads(job.threads);
       }
-      if (!team && !sleeping && SleepingTeams::needed(job.threads)) {
-        g_sleeping->hold(true);  // Note [The device's team sleeps between regions]
-        sleeping = true;
+      if (!team) {  // a team is made for this job: a window starts with it
+        if (!sleeping && !host_waits && SleepingTeams::needed(job.threads)) {
+          g_sleeping->hold(true);  // Note [The device's team sleeps between regions]
+          sleeping = true;
+        }
         window = std::chrono::steady_clock::now();
         host_waited_ns.store(0, std::memory_order_relaxed);
       }
@@ -350,7 +362,8 @@ struct Executor {
       if (const auto now = std::chrono::steady_clock::now(); now - window >= kWindow) {
         const double waited = 1e-9 * static_cast<double>(host_waited_ns.exchange(0, std::memory_order_relaxed)) /
                               std::chrono::duration<double>(now - window).count();
-        const bool sleep = SleepingTeams::needed(job.threads) && (sleeping ? waited <= kWaitedSpins : waited < kWaitedSleeps);
+        host_waits = sleeping ? waited > kWaitedSpins : waited >= kWaitedSleeps;
+        const bool sleep = SleepingTeams::needed(job.threads) && !host_waits;
         if (sleep != sleeping) {  // Note [The device's team sleeps between regions]
           sleeping = sleep;
           g_sleeping->hold(sleep);
