@@ -179,7 +179,13 @@ _HELD_WHILE_THE_HOST_WAITS = """
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)
     def held():  # the thread that holds the idle team, and the team's worker while it is held
-        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        names = []
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/comm") as comm:
+                    names.append(comm.read().strip())
+            except FileNotFoundError:  # a worker of a team let go exits as we look
+                pass
         return names.count("neuron_idle_omp") > 1
     x = torch.randn(4096, device="neuron")
     issuing = []
