@@ -769,7 +769,6 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
     entry.draws_from = draw_at_issue(op, *stack, first);
   }
   entry.args.reserve(arguments.size());
-  entry.existing.reserve(arguments.size());  // one per tensor argument (a list's grow it further)
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto* alias_info = arguments[i].alias_info();
     entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), entry, i, -1, fused));
