@@ -34,9 +34,9 @@ eagerly; matching continues after it with the rest of the trace. A mismatching o
 """
 from __future__ import annotations
 
+import _thread
 import collections
 import itertools
-import threading
 import warnings
 
 import cachetools
@@ -151,27 +151,31 @@ _HOST_ACCESS = _Barrier(("host access",), "host access")
 _SYNC_MARK = _Barrier(("torch.neuron.synchronize",), "synchronize")
 
 
-class _CatchingUpLock:
+class _CatchingUpLock(_thread.RLock):
     """The engine's lock (re-entrant). Entering it takes, first, what the route matched in C++
     while armed (Note [Armed matching]): whatever the engine does next sees the match where
-    it really is."""
+    it really is.
 
-    def __init__(self, engine):
-        self._lock = threading.RLock()
-        self._engine = engine
+    Note [Interrupted issue]: a KeyboardInterrupt is raised at the next signal check, and the
+    interpreter checks after every call and on entering every Python function. So its exit is
+    the C lock's own (a Python __exit__ could be interrupted on entry, before its release), and
+    its entry releases what it acquired whichever statement the interrupt lands on. Either
+    slip left the lock held by the interrupted thread, and autograd's device thread, routing
+    the next op, waited for it forever (a Ctrl-C-during-training test hung about 1 run in 12).
+    """
+
+    engine = None  # set once made: the C type's constructor takes no arguments in every Python
 
     def __enter__(self):
-        self._lock.acquire()
+        held_before = self._is_owned()  # then acquire() cannot block, and always counts once
         try:
-            self._engine._catch_up()
+            self.acquire()
+            self.engine._catch_up()
         except BaseException:
-            self._lock.release()
+            if held_before or self._is_owned():
+                self.release()
             raise
         return self
-
-    def __exit__(self, *exc_info):
-        self._lock.release()
-        return False
 
 
 def _guard_table(trace: Trace):
@@ -198,7 +202,8 @@ class AdaptiveExecutor(Executor):
         self.config = config or EngineConfig.from_env()
         self._armed: Pending | None = None  # the match the route continues in C++
         self._arm_generation = 0  # which arming _armed is (an interrupt may stop one before C++ got it)
-        self._lock = _CatchingUpLock(self)
+        self._lock = _CatchingUpLock()
+        self._lock.engine = self
         self.reset()
 
     def reset(self) -> None:
