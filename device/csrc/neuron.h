@@ -133,7 +133,7 @@ struct Touch {
   bool accumulates = false;
 };
 Touch touch_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size_t first);
-void count_touched_bytes(const Touch& touch, const std::vector<at::Tensor>& inputs, OpTraffic* traffic);
+void count_touched_bytes(const Touch& touch, c10::ArrayRef<at::Tensor> inputs, OpTraffic* traffic);
 
 // threads.cpp, Note [Kernels take the host's thread count]: the intra-op thread count of the
 // user's thread that last issued an op; take_host_thread_count() records it (on a user's thread)

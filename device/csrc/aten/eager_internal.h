@@ -35,7 +35,7 @@ struct ConvFlags {
 };
 ConvFlags conv_flags(const c10::OperatorName& name, const torch::jit::Stack& stack, size_t first);
 // FLOPs as torch.utils.flop_counter counts them; 0 for ops priced by the bytes they move.
-double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in, const ConvFlags& conv,
+double op_flops(const c10::OperatorName& name, c10::ArrayRef<at::Tensor> in, const ConvFlags& conv,
                 const c10::IValue* out, size_t num_out);
 // One op launched on d's clock at its roofline (and in the op log); its time.
 double launch_op(c10::DeviceIndex d, const std::string& name, double flops, double nbytes, double elements,

@@ -128,7 +128,7 @@ ConvFlags conv_flags(const c10::OperatorName& name, const torch::jit::Stack& sta
   return f;
 }
 
-double op_flops(const c10::OperatorName& name, const std::vector<at::Tensor>& in, const ConvFlags& conv,
+double op_flops(const c10::OperatorName& name, c10::ArrayRef<at::Tensor> in, const ConvFlags& conv,
                 const c10::IValue* out, size_t num_out) {
   const std::string& n = name.name;
   auto dims = [&](size_t i) { return in.size() > i ? in[i].sizes() : c10::IntArrayRef(); };

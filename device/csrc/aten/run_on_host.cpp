@@ -24,6 +24,7 @@
 #include <ATen/core/jit_type.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/accumulate.h>
 #include <torch/headeronly/version.h>
 
@@ -104,8 +105,8 @@ struct Index {
   size_t hashed_up_to = 0;  // items [0, hashed_up_to) are in `hashed`
 
   // The first item whose key_of(item) is key, as a linear search finds it; npos if none.
-  template <typename Item, typename KeyOf>
-  size_t find(const std::vector<Item>& items, Key key, KeyOf key_of) {
+  template <typename Items, typename KeyOf>
+  size_t find(const Items& items, Key key, KeyOf key_of) {
     if (items.size() <= kLinear) {
       for (size_t i = 0; i < items.size(); ++i) {
         if (key_of(items[i]) == key) {
@@ -134,19 +135,23 @@ struct HostCall {
   double in_bytes = 0;
   double in_elements = 0;  // summed: the Vector Engine streams each input (Note [The Vector Engine floor])
   c10::optional<at::ScalarType> dtype;
+  // Its lists hold kInline items inline: an op has a handful of tensor arguments, and the
+  // heap blocks of std::vector's growth were a sixth of the executor's allocations on a small
+  // MLP's step.
+  static constexpr unsigned kInline = 8;
   // (host storage, neuron storage): each alias storage and the neuron storage it aliases, and
   // each new result's CPU storage and the neuron storage that adopted it; found by the neuron
   // storage's bytes (same_bytes) or by the host storage
   using StoragePair = std::pair<c10::Storage, c10::Storage>;
-  std::vector<StoragePair> storages;
+  c10::SmallVector<StoragePair, kInline> storages;
   Index<const void*> by_bytes;
   Index<const c10::StorageImpl*> by_host;
   // alias TensorImpl -> the neuron argument it stands for (kept alive for the call)
   using Original = std::pair<const c10::TensorImpl*, at::Tensor>;
-  std::vector<Original> originals;
+  c10::SmallVector<Original, kInline> originals;
   Index<const c10::TensorImpl*> by_alias;
   Index<const c10::TensorImpl*> by_original;
-  std::vector<at::Tensor> aliases;  // the host aliases, in argument order (originals' order too)
+  c10::SmallVector<at::Tensor, kInline> aliases;  // the host aliases, in argument order (originals' order too)
 
   // The entry of storages whose neuron storage holds these bytes (same_bytes), or npos.
   size_t storage_with_bytes(const c10::Storage& s) {

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <mutex>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -42,10 +41,10 @@ double on_chip_bytes_of(const Launch& launch, const Entry& entry) {
   }
   double bytes = 0;
   auto argument = [&](const c10::StorageImpl* key, double nbytes, bool written, bool defines) {
-    if (!defines && launch.resident.count(key) > 0) {
+    if (!defines && launch.resident.contains(key)) {
       bytes += nbytes;
     }
-    if (written && returns_written && launch.unstored.count(key) > 0) {
+    if (written && returns_written && launch.unstored.contains(key)) {
       bytes += nbytes;
     }
   };
@@ -59,7 +58,7 @@ double on_chip_bytes_of(const Launch& launch, const Entry& entry) {
   }
   size_t k = 0;
   for (const OutputSpec& spec : entry.plan->outputs) {
-    if (spec.defined && launch.unstored.count(entry.outputs[k++]._unsafe_get_target()) > 0) {
+    if (spec.defined && launch.unstored.contains(entry.outputs[k++]._unsafe_get_target())) {
       bytes += element_bytes(spec.sizes, static_cast<double>(c10::elementSize(spec.dtype)));
     }
   }
@@ -76,16 +75,16 @@ void plan_on_chip(Launch& launch) {
   struct Reads {
     size_t first, last, entries;  // the first and last entry that read a value, and how many do
   };
-  std::unordered_map<const c10::StorageImpl*, Reads> reads;
+  StorageMap<Reads> reads;
   auto read_at = [&](const c10::StorageImpl* key, size_t i) {
-    auto [it, added] = reads.try_emplace(key, Reads{i, i, 1});
-    if (!added && it->second.last != i) {
-      it->second.last = i;
-      ++it->second.entries;
+    auto [r, added] = reads.try_emplace(key, Reads{i, i, 1});
+    if (!added && r->last != i) {
+      r->last = i;
+      ++r->entries;
     }
   };
   // Note [Ops TorchNeuron runs on the host]: what such an op reads goes to the host from HBM.
-  std::unordered_set<const c10::StorageImpl*> to_host;
+  StorageSet to_host;
   std::vector<bool> host_run(n);  // asked once per entry: a name lookup
   for (size_t i = 0; i < n; ++i) {
     host_run[i] = torchneuron_runs_on_host(launch.entries[i].op.operator_name());
@@ -106,18 +105,20 @@ void plan_on_chip(Launch& launch) {
   }
   const double capacity = on_chip_bytes();
   double used = 0;
-  std::vector<std::vector<std::pair<const c10::StorageImpl*, double>>> leaving(n);  // resident, last read at i
+  // The bytes of the resident values last read at i, freed after entry i: sums of whole
+  // bytes, exact in a double, so the same as subtracting each value in turn.
+  std::vector<double> leaving(n, 0.0);
   // A value entry i makes: held by the program at issue (`leaves`), the launch writes it to HBM.
   auto made = [&](size_t i, const c10::StorageImpl* key, double nbytes, bool leaves) {
-    leaves = leaves || to_host.count(key) > 0;
-    const auto read = reads.find(key);
-    if (read == reads.end()) {
+    leaves = leaves || to_host.contains(key);
+    const Reads* read = reads.find(key);
+    if (read == nullptr) {
       if (!leaves) {
         launch.unstored.insert(key);  // nobody reads it: never stored
       }
       return;
     }
-    const Reads& r = read->second;
+    const Reads& r = *read;
     // Streamed: the next op alone reads it, tile by tile as it is made, off the Tensor Engine
     // (whose operands are read once per output tile), so it needs no room of its own.
     if (!leaves && r.entries == 1 && r.first == i + 1 && !runs_on_tensor_engine(launch.entries[i + 1].op.operator_name())) {
@@ -130,7 +131,7 @@ void plan_on_chip(Launch& launch) {
       return;  // spilled: written to HBM, and read from there
     }
     used += nbytes;
-    leaving[r.last].emplace_back(key, nbytes);
+    leaving[r.last] += nbytes;
     launch.resident.insert(key);
     if (!leaves) {
       launch.unstored.insert(key);
@@ -154,9 +155,7 @@ void plan_on_chip(Launch& launch) {
         }
       }
     }
-    for (const auto& value : leaving[i]) {
-      used -= value.second;
-    }
+    used -= leaving[i];
   }
   // A copy_ (a cast) streamed from the op before it or into the op after it is that op's
   // conversion on reading or writing, as every engine instruction converts its operands:
@@ -166,10 +165,10 @@ void plan_on_chip(Launch& launch) {
       continue;
     }
     for (const PendingArg& p : entry.pending) {
-      entry.folded_cast = entry.folded_cast || launch.streamed.count(p.key) > 0;
+      entry.folded_cast = entry.folded_cast || launch.streamed.contains(p.key);
     }
     for (const ExistingArg& e : entry.existing) {
-      entry.folded_cast = entry.folded_cast || launch.streamed.count(e.key) > 0;
+      entry.folded_cast = entry.folded_cast || launch.streamed.contains(e.key);
     }
   }
 }

@@ -121,7 +121,7 @@ Touch touch_of(const c10::OperatorName& op, const torch::jit::Stack& stack, size
   return touch;
 }
 
-void count_touched_bytes(const Touch& touch, const std::vector<at::Tensor>& inputs, OpTraffic* traffic) {
+void count_touched_bytes(const Touch& touch, c10::ArrayRef<at::Tensor> inputs, OpTraffic* traffic) {
   if (touch.kind < 0 || inputs.empty()) {
     return;
   }

@@ -3,9 +3,12 @@
 // device/csrc (neuron.h is the core's interface).
 #pragma once
 
+#include "engine/storage_map.h"
 #include "neuron.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/DimVector.h>
+#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -14,8 +17,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace neuron {
@@ -27,7 +28,7 @@ struct PendingArg {
   int64_t element;  // index in a Tensor[] argument, or -1
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   const c10::StorageImpl* key;  // its address: kept unique while `storage` (a weak ref) lives
-  std::vector<int64_t> sizes, strides;  // its geometry, as the caller's tensor has it
+  c10::DimVector sizes, strides;  // its geometry, as the caller's tensor has it (inline to 5 dims)
   int64_t offset;
   caffe2::TypeMeta dtype;
   c10::DispatchKeySet keys;  // math bits (conj, neg) included
@@ -44,15 +45,19 @@ struct ExistingArg {
   bool defines;  // the first write to a fresh storage (an empty tensor made while ops are queued)
 };
 
+// Its lists hold a few items inline: an op has a handful of tensor arguments and outputs, and
+// their heap blocks (and a pending argument's geometry, two more) were about a seventh of the
+// host's allocations while issuing a small MLP's step, each freed on the device's executor, so
+// that the host's next allocation missed glibc's per-thread cache.
 struct Entry {
   c10::OperatorHandle op;
-  std::vector<c10::IValue> args;  // captured at issue (undefined where a PendingArg goes)
-  std::vector<PendingArg> pending;
-  std::vector<ExistingArg> existing;
+  std::vector<c10::IValue> args;  // captured at issue (undefined where a PendingArg goes); the op's stack when it runs
+  c10::SmallVector<PendingArg, 2> pending;
+  c10::SmallVector<ExistingArg, 4> existing;
   std::shared_ptr<const DeferPlan> plan;
   // The storages handed out for the new outputs, in plan order: weak, so an output nobody
   // holds is not kept (a later queued op that reads it holds it through its own alias).
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
+  c10::SmallVector<c10::weak_intrusive_ptr<c10::StorageImpl>, 2> outputs;
   bool folded_cast = false;  // Note [On-chip intermediates] (plan_on_chip)
   bool released = false;  // its pending reads were let go (release_pending): once
   // A random op's copy of torch's default CPU generator at issue (Note [Deferred random ops
@@ -104,9 +109,11 @@ struct Launch {
   IssueSite site;  // a posted eager op's: where its error says it was issued
   // Note [On-chip intermediates] (device/cost.py), decided at issue by plan_on_chip: the values
   // made in the launch that later ops read from SBUF, and those never written to HBM.
-  std::unordered_set<const c10::StorageImpl*> resident;
-  std::unordered_set<const c10::StorageImpl*> unstored;
-  std::unordered_set<const c10::StorageImpl*> streamed;  // made for the next op alone
+  StorageSet resident;
+  StorageSet unstored;
+  StorageSet streamed;  // made for the next op alone
+  // Note [One share per storage per launch] (queue.cpp): the host's, while it issues the launch.
+  StorageMap<c10::Storage> shares;
 };
 
 // on_chip.cpp, Note [On-chip intermediates] (device/cost.py).
