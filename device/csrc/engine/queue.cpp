@@ -236,18 +236,11 @@ at::Tensor shared_wrapped_number(const at::Tensor& t) {
 // unique while the launch lives (its ExistingArg holds it weakly), and checked to still be
 // its bytes: a storage given new bytes in place (a resize that reallocates) gets a new share.
 c10::Storage launch_share(Launch& launch, const c10::Storage& storage) {
-  const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
-  c10::Storage* kept = launch.shares.find(key);
-  if (kept != nullptr && kept->data() == storage.data() && kept->nbytes() == storage.nbytes()) {
-    return *kept;
+  auto [kept, added] = launch.shares.try_emplace(storage.unsafeGetStorageImpl(), c10::Storage());
+  if (added || !*kept || kept->data() != storage.data() || kept->nbytes() != storage.nbytes()) {
+    *kept = share_bytes(storage);  // (none yet if an earlier share_bytes raised)
   }
-  c10::Storage share = share_bytes(storage);
-  if (kept != nullptr) {
-    *kept = share;
-  } else {
-    launch.shares.try_emplace(key, share);
-  }
-  return share;
+  return *kept;
 }
 
 // Its shares let go on the host, as the launch leaves it (Note [One share per storage per launch]).

@@ -41,8 +41,6 @@ class StorageMap {
     return {&slot.second, true};
   }
 
-  size_t size() const { return used_; }
-
   void clear() {
     slots_.clear();
     used_ = 0;
