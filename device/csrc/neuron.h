@@ -164,6 +164,13 @@ void set_device_wait_hooks(void (*before_run)(), uint64_t (*wait_limit)(uint64_t
 void without_python(const std::function<void()>& fn);
 void note_device_error(std::exception_ptr error);  // the first one waits for wait_for_device
 bool device_idle();  // every posted job has run
+// Note [The device's queue is bounded]: with 8,192 jobs queued, a host thread waits (without the
+// GIL) until half of them have run, as a CUDA launch waits for room in the launch queue.
+void wait_for_room_on_device();
+int64_t device_jobs_queued();  // posted and not yet run
+// Holds the device's queue for `seconds` (the host goes on), as torch.cuda._sleep holds a
+// stream: for tests of what the host does while the device is behind.
+void sleep_on_device(double seconds);
 // Note [The executor spins before it sleeps]: lets go of `guard` while `changes` still reads
 // `seen`, for at most the executor's spin budget, and takes it again; the caller then looks at
 // what the guard protects and sleeps if it still has nothing to do. For the executor's thread.

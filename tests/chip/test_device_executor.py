@@ -69,6 +69,23 @@ def test_an_eager_op_returns_before_its_kernel_has_run_and_a_host_read_waits_for
     assert torch.equal(c_host, (a.cpu() @ a.cpu()))
 
 
+def test_a_host_issuing_past_8192_queued_ops_waits_for_room_as_a_cuda_launch_does():
+    # Note [The device's queue is bounded]: the device sleeps (as torch.cuda._sleep holds a
+    # stream) while the host issues 10,000 small ops, ~10 us each, behind it. Unbounded, all
+    # 10,000 queued; bounded, the host waits at 8,192 until half of them have run.
+    y = torch.zeros(4, device="neuron")
+    y.add_(1)  # its first call runs while the caller waits, and learns its plan
+    torch.neuron.synchronize()
+    native.sleep_on_device(2.0)
+    deepest = 0
+    for _ in range(10_000):
+        y.add_(1)
+        deepest = max(deepest, native.device_jobs_queued())
+    torch.neuron.synchronize()
+    assert 8000 <= deepest <= 8192
+    assert torch.equal(y.cpu(), torch.full((4,), 10_001.0))
+
+
 def test_an_error_on_the_device_raises_at_the_next_sync_naming_the_op_and_later_ops_run():
     table = torch.arange(12.0, device="neuron").reshape(4, 3)
     good = torch.tensor([0, 3], device="neuron")

@@ -284,6 +284,7 @@ void issue_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (plan) {
     g_posted.fetch_add(1, std::memory_order_relaxed);
+    wait_for_room_on_device();  // Note [The device's queue is bounded]
     post_eager(op, stack, std::move(plan));
   } else {
     run_and_learn(op, stack, known ? nullptr : &key);

@@ -285,7 +285,9 @@ struct Executor {
   std::deque<Job> jobs;
   // Jobs posted. Written under `lock`; atomic for the executor's spin, which reads it without.
   std::atomic<uint64_t> issued{0};
-  uint64_t done = 0;  // jobs run; the jobs run in order, so job k is done when done > k
+  // Jobs run; the jobs run in order, so job k is done when done > k. Written under `lock`;
+  // atomic for the host's look at the queue's depth (wait_for_room_on_device), made without.
+  std::atomic<uint64_t> done{0};
   // Time host threads spent waiting for jobs since the executor last looked (Note [The device's
   // team sleeps between regions]).
   std::atomic<int64_t> host_waited_ns{0};
@@ -372,7 +374,7 @@ struct Executor {
       }
       {
         std::unique_lock<std::mutex> guard(lock);
-        ++done;
+        done.fetch_add(1, std::memory_order_release);
       }
       ran.notify_all();
     }
@@ -516,7 +518,49 @@ bool device_idle() {
     before_run();  // a query submits what is open, as a real device's does
   }
   std::unique_lock<std::mutex> guard(g_executor->lock);
-  return g_executor->done == g_executor->issued;
+  return g_executor->done.load() == g_executor->issued.load();
+}
+
+// Note [The device's queue is bounded]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A host that issues faster than the device runs would queue without end: CUDA's launch
+// queue holds about a thousand launches, and a launch past it waits in the launch call for
+// room. So does ours. Unbounded, a training loop with no sync ran ever further ahead of the
+// device, holding every queued op's arguments and bookkeeping in host memory (eager mode, a
+// 256-wide MLP: after 3,000 steps the host's table of queued reads held 41,000 entries, and
+// looking up in it was a fifth of the host thread's samples). The wait is the host's wait
+// for the device (without the GIL), as a sync's: the team's spin follows it (Note [The
+// device's team sleeps between regions]). A full queue is waited on until half of it has run.
+// Eight times CUDA's: our kernels share the host's cores, and a host that has issued its last
+// op lets the device's team have them all (a 256-wide MLP, 200 eager steps with no sync: a
+// third slower with 1,024, the host and the team sharing the cores to the end).
+constexpr uint64_t kQueuedJobs = 8192;
+
+void wait_for_room_on_device() {
+  if (t_on_executor) {
+    return;
+  }
+  const uint64_t issued = g_executor->issued.load(std::memory_order_acquire);
+  if (issued - g_executor->done.load(std::memory_order_acquire) < kQueuedJobs) {
+    return;
+  }
+  // Until half the queue has run, not one job: a wait per job, once full, would wake the host
+  // for every op the device runs.
+  uint64_t last = issued - kQueuedJobs / 2;
+  if (auto limit = g_wait_limit.load()) {
+    last = limit(last);  // a streamed launch still open is sealed first: it waits for its host
+  }
+  if (last != UINT64_MAX) {
+    g_executor->wait_past(last);
+  }
+}
+
+void sleep_on_device(double seconds) {
+  post_to_device([seconds] { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); });
+}
+
+int64_t device_jobs_queued() {
+  return static_cast<int64_t>(g_executor->issued.load() - g_executor->done.load());
 }
 
 void release_host_thread_team() {
