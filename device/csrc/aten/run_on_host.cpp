@@ -327,7 +327,8 @@ bool is_cpu_index_op(const c10::OperatorName& name) {
 // questions at every call (an index op? a collective? one whose FLOPs are counted, or that
 // TorchNeuron runs on the host? which argument is its generator?): string compares and hash
 // lookups, 5% of the executor's instructions on a chain of small adds (callgrind, per op:
-// 17,000-17,100 before, 16,300 after). The answers depend on the op alone: worked out at its
+// 17,000-17,100 before, 16,300 after; that chain's wall clock is the host's, which this does
+// not touch). The answers depend on the op alone: worked out at its
 // first call on a thread and kept in a small table of that thread's, slotted by the address of
 // the op's schema and checked against its name, since a custom op's registration may go (a
 // torch.library.Library deleted) and another take its address.

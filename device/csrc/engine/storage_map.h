@@ -1,7 +1,8 @@
 // A map keyed by a storage's address, flat: open addressing with linear probing in one array.
-// A launch's on-chip plan (cost/on_chip.cpp) fills several of them per launch, on the host
-// thread while it issues; std::unordered_map allocated a node per key (a seventh of the host's
-// allocations on a small MLP's step), this allocates once per doubling.
+// A launch's on-chip plan (cost/on_chip.cpp) fills several of them per launch, and its shares
+// (Note [One share per storage per launch], engine/queue.cpp) one, on the host thread while it
+// issues; std::unordered_map allocated a node per key (a seventh of the host's allocations on
+// a small MLP's step), this allocates once per doubling.
 #pragma once
 
 #include <c10/core/StorageImpl.h>
