@@ -49,11 +49,11 @@ from adaptive_eager.dispatch import Executor, classify
 from adaptive_eager.dispatch.executor import RouteAnswer
 from adaptive_eager.engine.record import OpRecord, signature_difference, user_source_line
 
-from .matchers import compile_matcher
+from .matchers import INTERPRETED_MATCHES, compile_matcher
 from .native_guards import compile_guards
 from .config import EngineConfig
 from .detector import PeriodDetector
-from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key,
+from .generic import (GenericSighting, build_generic_trace, compile_generic_matcher, erase_key, fits_generic,
                       differs_in_sizes_only, erased_signature, exact_proto, generic_covers,
                       generic_difference)
 from .pending import Pending, launch_error
@@ -62,7 +62,8 @@ from .segments import RecurringSegments
 from .trace import Trace, build_proto, build_trace, output_slots
 
 _RECENT = 20  # divergences and flushes kept for explain()
-_MIN_PAUSE_AFTER = 1024  # ops matched in a row before detection pauses (see _steady)
+_MIN_PAUSE_AFTER = 1024  # the least any later pause waits for (see _steady)
+_FIRST_PAUSE_AFTER = 256  # ops matched in a row before detection first pauses (see _steady)
 _QUIET_FACTOR, _MAX_QUIET_FACTOR = 4, 1024  # Note [Detection that finds nothing pauses]
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
@@ -253,9 +254,14 @@ class AdaptiveExecutor(Executor):
         # model's per-layer backward traces alone filled the first 1,024 ops, its head then
         # diverged, and its 1,882-op step ran as 154 launches for ever. So each time a pause
         # ends at a divergence, the next one waits twice as long (_resume_detection), up to
-        # the ops that two repetitions of the longest unit take.
+        # the ops that two repetitions of the longest unit take. The first pause comes
+        # sooner, after _FIRST_PAUSE_AFTER ops (or 4 lengths of a trace adopted, _adopt):
+        # until it, every op is matched in Python (armed matching waits for a pause), and a
+        # small MLP's 28-op step was matched so until about its 40th step: adaptive mode's first
+        # 30 steps took 1.5-1.8x eager's wall time (issue 35 asks 1.2x). A unit it pauses too soon for
+        # diverges, and the doubling finds it one resumption later.
         self._steady = 0
-        self._pause_after = _MIN_PAUSE_AFTER
+        self._pause_after = _FIRST_PAUSE_AFTER
         self._max_pause_after = max(_MIN_PAUSE_AFTER, cfg.repeats * cfg.max_period)
         # The longest stretch without a sync point since detection last resumed: no trace is
         # longer, so a pause need not wait for more than a few of them (_resume_detection).
@@ -652,9 +658,10 @@ class AdaptiveExecutor(Executor):
         self._stop_matching()
         return _NO_MATCH
 
-    def _match_fast(self, p: Pending, func, args, kwargs):
+    def _match_fast(self, p: Pending, func, args, kwargs, rec: OpRecord | None = None):
         """Match the next position with its generated matcher (compile.py, native=True): the
-        call's metadata against the signature, without describing it as an OpRecord."""
+        call's metadata against the signature, without describing it as an OpRecord; or, while
+        the position is cold, by describing it (Note [Matchers compiled once warm])."""
         k = p.pos
         trace = p.trace
         proto = trace.protos[k]
@@ -662,6 +669,15 @@ class AdaptiveExecutor(Executor):
             return _NO_MATCH
         match = proto.matcher
         if match is None:
+            if proto.interpreted < INTERPRETED_MATCHES:
+                proto.interpreted += 1
+                if rec is None:
+                    try:
+                        rec = OpRecord.from_call(func, args, kwargs)
+                    except Exception:  # no signature describes it: no trace holds it (route runs it now)
+                        return _NO_MATCH
+                fits = fits_generic(proto, rec, p.syms) if trace.generic else rec.signature == proto.signature
+                return self._defer(p, proto) if fits else _NO_MATCH
             match = proto.matcher = compile_generic_matcher(proto) if trace.generic else compile_matcher(proto)
         if match(args, kwargs, p) is None:
             return _NO_MATCH
@@ -669,7 +685,7 @@ class AdaptiveExecutor(Executor):
 
     def _match_one(self, p: Pending, rec: OpRecord, args, kwargs):
         if p.trace.generic:
-            return self._match_fast(p, rec.func, args, kwargs)
+            return self._match_fast(p, rec.func, args, kwargs, rec)
         proto = p.trace.protos[p.pos]
         if proto.signature != rec.signature:
             return _NO_MATCH

@@ -136,6 +136,7 @@ class GenericProto:
     generic: bool = True
     name: str = ""
     matcher: object = None
+    interpreted: int = 0  # matches made without it (Note [Matchers compiled once warm] in matchers.py)
     trace: object = None  # the trace it is a position of
     exact_signatures: dict = dataclasses.field(default_factory=dict)  # ints -> GenericSighting.exact_signature
 
@@ -351,6 +352,24 @@ def compile_generic_matcher(proto: GenericProto):
     assert next(spec_iter, None) is None, "the matcher and the erasure walk the ints apart"
     src.emit("return True")
     return define("match", "args, kwargs, p", src, TENSOR=torch.Tensor)
+
+
+def fits_generic(proto: GenericProto, rec, syms: list) -> bool:
+    """compile_generic_matcher's checks, interpreted (Note [Matchers compiled once warm]): the
+    call's structure against the position's, then each int in matcher order, a constant by
+    value, a symbol bound at its first occurrence and checked where it recurs."""
+    erased, ints = erase(_Call(rec))
+    if erased != proto.erased[0]:
+        return False
+    for spec, value in zip(proto.spec, ints):
+        if spec[0] == "const":
+            if value != spec[1]:
+                return False
+        elif spec[2]:
+            syms[spec[1]] = value
+        elif value != syms[spec[1]]:
+            return False
+    return True
 
 
 # -- explain(): why a call did not fit ---------------------------------------------------------

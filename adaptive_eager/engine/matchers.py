@@ -1,9 +1,9 @@
 """Straight-line Python for each position of a trace: its matcher.
 
 The steady-state cost of the engine is paid per op, so each trace position gets a matcher
-of its own, generated the first time the position is matched: it checks an incoming call
-against that position without describing it first (no OpRecord, no key tuples): tensors
-by metadata (the signature fixes every output's geometry, and the C++ queue holds the
+of its own, generated once the position is warm (Note [Matchers compiled once warm]): it
+checks an incoming call against that position without describing it first (no OpRecord, no
+key tuples): tensors by metadata (the signature fixes every output's geometry, and the C++ queue holds the
 arguments themselves, so dataflow is not checked), constants by value, lifted floats by
 type. It returns True, or None (a divergence).
 
@@ -100,6 +100,21 @@ def emit_call_checks(src: Source, signature: tuple, args_t: tuple, kwargs_t: dic
         t = kwargs_t[name] if not _is_device_key(k) else k
         src.emit(f"if {name!r} not in kwargs: return None")
         _match_value(src, f"kwargs[{name!r}]", t, k, on_tensor, on_int)
+
+
+# Note [Matchers compiled once warm]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Compiling a matcher (Python's compile() of its source: 200-600 us) costs what ~65 matches
+# save with it (an addmm's: 1.7 us, where describing the call and comparing signatures takes
+# 4.7), and most positions are matched in Python a few times only: detection pauses after a few
+# hundred ops, and the C++ route matches from then on (Note [Armed matching]). A small MLP's
+# first 30 steps compiled 19 matchers: 60 of the 113 million instructions its thread spent in
+# them, where eager mode's spent 47 (callgrind). So a position's first INTERPRETED_MATCHES
+# matches describe the call (OpRecord.from_call) and compare: its signature for an exact
+# position (what the slow path compares, and what the matcher checks), its size-erased
+# structure and ints for a generic one (generic.fits_generic, the same checks in the same
+# order as compile_generic_matcher's). A position matched more often gets its matcher.
+INTERPRETED_MATCHES = 64
 
 
 def compile_matcher(proto: OpProto):

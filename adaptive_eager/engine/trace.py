@@ -34,10 +34,12 @@ class OpProto:
     barrier: bool  # cannot be deferred: runs eagerly and cuts traces (Note [Sync points])
     name: str = ""
     plan: object = None  # native.DeferPlan: the outputs' geometry, to queue it (None: a barrier)
-    # Its matcher (compile.py), generated the first time a trace position holding it is
-    # matched, and shared by every such position: a matcher checks the signature alone, and
-    # protos are interned by signature. (One per position cost ~10 KB per cached op.)
+    # Its matcher (compile.py), generated once a trace position holding it is warm (Note
+    # [Matchers compiled once warm] in matchers.py), and shared by every such position: a
+    # matcher checks the signature alone, and protos are interned by signature. (One per
+    # position cost ~10 KB per cached op.)
     matcher: object = None
+    interpreted: int = 0  # matches made without it (Note [Matchers compiled once warm] in matchers.py)
     erased: tuple | None = None  # (size-erased signature, its ints): generic.erase, once
 
     def __post_init__(self):
