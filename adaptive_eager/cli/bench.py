@@ -113,6 +113,24 @@ def format_tables(data: dict) -> str:
     return "\n\n".join(blocks)
 
 
+def format_summary(data: dict) -> str:
+    """Adaptive/eager per workload and launch-overhead setting, each said to be below 1 (the
+    adaptive engine the faster choice) or not: the comparison the engine exists for (issue 35)."""
+    tables = _rows(data)
+    cells = [(workload, o, _median(rows, "neuron-adaptive", o) / _median(rows, "neuron-eager", o))
+             for workload, rows in tables.items() for o in OVERHEADS
+             if _median(rows, "neuron-adaptive", o) and _median(rows, "neuron-eager", o)]
+    if not cells:
+        return "adaptive/eager: no workload timed both neuron modes"
+    lines = ["adaptive/eager, median times (below 1: adaptive mode is the faster choice)"]
+    for workload, overhead, ratio in cells:
+        verdict = "below 1" if ratio < 1 else "NOT below 1: adaptive mode is the slower choice here"
+        lines.append(f"  {workload:<20}{overhead:<10}{ratio:>7.3f}  {verdict}")
+    below = sum(ratio < 1 for _, _, ratio in cells)
+    lines.append(f"  {below} of {len(cells)} below 1")
+    return "\n".join(lines)
+
+
 def _settings_note(data: dict) -> str:
     for b in data.get("benchmarks", []):
         us = b.get("extra_info", {}).get("launch_overhead_us_setting")
@@ -156,6 +174,8 @@ def cmd_bench(args) -> int:
         Path(json_path).write_text(json.dumps(data, indent=2))
     print()
     print(format_tables(data))
+    print()
+    print(format_summary(data))
     print()
     print(_settings_note(data))
     print(f"raw pytest-benchmark JSON: {json_path}")

@@ -164,6 +164,20 @@ def test_table_reports_failed_anchors_with_their_error_even_without_timings():
     assert "test_other" not in text and "== x ==" not in text
 
 
+def test_summary_says_which_adaptive_over_eager_ratios_are_below_1():
+    slower = {"benchmarks": SYNTHETIC["benchmarks"] + [
+        _bench_entry("v", "neuron-eager", "modelled", 3.0, **_neuron(50, 900.0)),
+        _bench_entry("v", "neuron-adaptive", "modelled", 4.5, **_neuron(1, 20.0)),
+        _bench_entry("u", "neuron-eager", "modelled", 3.0, **_neuron(50, 900.0))]}
+    text = bench_cli.format_summary(slower)
+    assert re.search(r"^  w\s+modelled\s+0\.500  below 1$", text, re.M), text
+    assert re.search(r"^  w\s+spent\s+0\.450  below 1$", text, re.M), text
+    assert re.search(r"^  v\s+modelled\s+1\.500  NOT below 1", text, re.M), text
+    assert "  u " not in text  # one neuron mode timed: no ratio to judge
+    assert "2 of 3 below 1" in text
+    assert "no workload" in bench_cli.format_summary({"benchmarks": []})
+
+
 def test_table_of_an_empty_result_says_nothing_was_selected():
     assert "select nothing" in bench_cli.format_tables({"benchmarks": []})
 
