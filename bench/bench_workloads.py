@@ -32,11 +32,13 @@ from adaptive_eager.dispatch import CONTEXT
 
 # name -> (warm-up steps, full (rounds, iterations), quick (rounds, iterations)).
 # Warm-up is the same in quick mode: adaptive mode must reach its steady state before timing.
+# The small workloads' steps take a millisecond or two: quick mode still times 15 rounds of
+# them, since a median of 5 moved adaptive/eager by 0.2-0.4 between runs of one build.
 WORKLOADS = {
-    "mlp-train": (40, (10, 5), (5, 2)),
-    "transformer-train": (40, (8, 2), (5, 1)),
-    "mlp-infer": (40, (10, 20), (5, 10)),
-    "decode": (60, (10, 20), (5, 5)),
+    "mlp-train": (40, (20, 5), (15, 2)),
+    "transformer-train": (40, (12, 2), (10, 1)),
+    "mlp-infer": (40, (20, 20), (15, 10)),
+    "decode": (60, (20, 20), (15, 5)),
     "matmul-heavy": (40, (10, 2), (7, 1)),
     "deep-train": (8, (5, 1), (3, 1)),
     # generate() diverges at every call's last token: detection pauses once it has found
