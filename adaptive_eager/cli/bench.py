@@ -116,10 +116,12 @@ def format_tables(data: dict) -> str:
 def format_summary(data: dict) -> str:
     """Adaptive/eager per workload and launch-overhead setting, each said to be below 1 (the
     adaptive engine the faster choice) or not: the comparison the engine exists for (issue 35)."""
-    tables = _rows(data)
-    cells = [(workload, o, _median(rows, "neuron-adaptive", o) / _median(rows, "neuron-eager", o))
-             for workload, rows in tables.items() for o in OVERHEADS
-             if _median(rows, "neuron-adaptive", o) and _median(rows, "neuron-eager", o)]
+    cells = []
+    for workload, rows in _rows(data).items():
+        for o in OVERHEADS:
+            adaptive, eager = _median(rows, "neuron-adaptive", o), _median(rows, "neuron-eager", o)
+            if adaptive and eager:
+                cells.append((workload, o, adaptive / eager))
     if not cells:
         return "adaptive/eager: no workload timed both neuron modes"
     lines = ["adaptive/eager, median times (below 1: adaptive mode is the faster choice)"]

@@ -26,6 +26,20 @@ def _mlp():
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
+def _mlp_training():
+    """(net, step): _mlp on neuron with AdamW and one batch, seeded; step() trains on it once."""
+    torch.manual_seed(0)
+    net = _mlp().to("neuron")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    return net, step
+
+
 def _cnn(bias: bool):
     # The first conv's input needs no gradient: its convolution_backward returns None there.
     return nn.Sequential(nn.Conv2d(3, 4, 3, bias=bias), nn.BatchNorm2d(4), nn.ReLU(),
@@ -268,16 +282,7 @@ def test_steady_state_describes_no_op(monkeypatch, native_match):
 
     monkeypatch.setattr(SWITCH.adaptive.config, "native_match", native_match)
     adaptive_eager.set_mode("adaptive")
-    torch.manual_seed(0)
-    net = _mlp().to("neuron")
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-    x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
-
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-
+    _, step = _mlp_training()
     described = []
     real = engine.OpRecord.from_call
     monkeypatch.setattr(engine.OpRecord, "from_call",
@@ -310,18 +315,11 @@ def test_a_short_training_run_compiles_no_matcher(monkeypatch):
 
     def run(mode):
         adaptive_eager.set_mode(mode)
-        torch.manual_seed(0)
-        net = _mlp().to("neuron")
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-        x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+        net, step = _mlp_training()
         for _ in range(30):
-            opt.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            opt.step()
+            step()
         before = adaptive_eager.stats().launches
-        opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
+        step()
         torch.neuron.synchronize()
         return [p.cpu() for p in net.parameters()], adaptive_eager.stats().launches - before
 
@@ -338,16 +336,11 @@ def test_loop_that_synchronizes_every_step_runs_one_launch_per_step():
     ran almost entirely eagerly)."""
     def run(mode):
         adaptive_eager.set_mode(mode)
-        torch.manual_seed(0)
-        net = _mlp().to("neuron")
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-        x, y = torch.randn(16, 32).to("neuron"), torch.randint(0, 10, (16,)).to("neuron")
+        net, step = _mlp_training()
         launches = []
         for _ in range(10):
             before = adaptive_eager.stats().launches
-            opt.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            opt.step()
+            step()
             torch.neuron.synchronize()
             launches.append(adaptive_eager.stats().launches - before)
         return [p.cpu() for p in net.parameters()], launches
