@@ -201,8 +201,8 @@ _HELD_WHILE_THE_HOST_WAITS = """
             try:
                 with open(f"/proc/self/task/{t}/comm") as comm:
                     names.append(comm.read().strip())
-            except FileNotFoundError:  # a worker of a team let go exits as we look
-                pass
+            except (FileNotFoundError, ProcessLookupError):  # a worker of a team let go exits as we look
+                pass  # (its comm reads ENOENT once it is gone, ESRCH while it is going)
         return names.count("neuron_idle_omp") > 1
     x = torch.randn(4096, device="neuron")
     issuing = []
