@@ -54,7 +54,9 @@ constexpr size_t kPlansKept = 1 << 15;
 // draw random numbers (a draw's order against the host's seeding must stay the host's).
 bool may_post(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const c10::OperatorName& name = op.operator_name();
-  if (name.name.rfind("aten::", 0) != 0 || op.hasTag(at::Tag::data_dependent_output) ||
+  // An op TorchNeuron runs on the host (Note [Ops TorchNeuron runs on the host]) reads its
+  // arguments there, as the chip's runtime does: posted, it was charged a launch, not its round trip.
+  if (name.name.rfind("aten::", 0) != 0 || op.hasTag(at::Tag::data_dependent_output) || torchneuron_runs_on_host(name) ||
       draws_random_numbers(name.name, op.hasTag(at::Tag::nondeterministic_seeded), false)) {
     return false;
   }
