@@ -302,6 +302,11 @@ def _streamed_loop(streamed, mid_step=None, steps=20):
         opened, forced = native.streamed_launches(), native.forced_seals()
         losses, per_step, seen_open = [], [], 0
         for i in range(steps):
+            # Each step begins with the device idle, so its launch finds room on the stream
+            # and streams (Note [Streamed launches]): a device still busy with earlier work (a
+            # loaded machine's, or the warm-up's posted ops) has the launch submitted whole,
+            # and a run would stream too few to test anything. Not a host sync to the engine.
+            native.wait_for_device()
             before = adaptive_eager.stats(wait=False).launches
             loss = F.cross_entropy(net(x), y)
             if mid_step is not None:
