@@ -97,6 +97,17 @@ def test_a_projected_training_step_costs_exactly_what_it_costs_with_bytes(model,
 
 
 @pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_a_second_projected_run_in_the_process_projects_what_its_ops_write_too(mode):
+    """The first run's ops teach the eager path their outputs' geometry, and it posts their
+    later calls (Note [Eager ops run on the device]): posted, an op wrote shared bytes, and
+    the second run's AdamW left its parameters and state with host values, not projected."""
+    first, _ = _train(_mlp, mode, projected=True, steps=2)
+    second, trained = _train(_mlp, mode, projected=True, steps=2)
+    assert second == first
+    assert all(adaptive_eager.is_projected(p) for p in trained.parameters())
+
+
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
 def test_out_of_memory_is_raised_at_the_same_op_as_with_bytes(mode):
     with_bytes = _train(_gpt, mode, projected=False, steps=1)[0]
     limit = with_bytes[0]["peak"] * 3 // 4  # the first step does not fit

@@ -17,7 +17,8 @@
 // NEURON_LAUNCH_BLOCKING=1 runs every op the second way. So does a profiled op (the profiler
 // records the calling thread's ranges, and run_on_device carries them to the executor), an op
 // of a compiled graph (inductor's generated kernels, on the calling thread, read the data of
-// what its ATen calls return), and an op of a fused launch (torch.compile's backend='neuron').
+// what its ATen calls return), an op of a fused launch (torch.compile's backend='neuron'), and
+// every op in projection mode (its kernel is the Meta one: nothing to run ahead of).
 #include "aten/eager_internal.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -250,7 +251,11 @@ void issue_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   release_host_thread_team();  // Note [The device executor]
   // Waited for, too: an op of a compiled graph (inductor's generated code reads the data
   // pointers of what its ATen calls returned, on this thread), or one the engine runs now.
-  if (g_launch_blocking.load(std::memory_order_relaxed) || profiling() || in_fused_launch() || route_bypassed()) {
+  // And every op in projection mode (Note [Projected ops]): posted, the op ran on bytes shared
+  // with its arguments', and what it wrote became projected there, not in the caller's
+  // storage (a second projected run's AdamW left its parameters with stale host values).
+  if (g_launch_blocking.load(std::memory_order_relaxed) || profiling() || in_fused_launch() || route_bypassed() ||
+      projection_enabled()) {
     run_and_learn(op, stack, nullptr);
     return;
   }
@@ -262,9 +267,6 @@ void issue_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local std::vector<int64_t> key;
   key.clear();
   key.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));  // a factory's dtype=None
-  // A projected run's outputs follow the Meta kernel, which may size a storage otherwise than
-  // the CPU kernel: the two runs' plans are kept apart (Note [Projected ops]).
-  key.push_back(projection_enabled() ? 1 : 0);
   // An elementwise op's (a foreach op's) results take their geometry from its tensors: its
   // float arguments (Adam's bias corrections, new each step) do not enter the key. Any other
   // op's may decide a shape (upsample's scale factors, arange's end).
