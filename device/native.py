@@ -46,6 +46,7 @@ wait_for_device = _C.wait_for_device
 device_idle = _C.device_idle
 device_jobs_queued = _C.device_jobs_queued
 sleep_on_device = _C.sleep_on_device  # tests: the device behind the host
+set_handover_pause = _C.set_handover_pause  # tests: Note [The device holds no caller's storage]
 draws_random_numbers = _C.draws_random_numbers  # Note [Seeded ops that never draw]
 PeriodDetector = _C.PeriodDetector  # engine/period_detector.cpp (adaptive_eager/engine/detector.py)
 PERIOD_DETECTOR_RECENT = _C.PERIOD_DETECTOR_RECENT

@@ -198,6 +198,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_jobs_queued", &neuron::device_jobs_queued, "jobs posted to the device's queue and not yet run");
   m.def("sleep_on_device", &neuron::sleep_on_device, py::arg("seconds"),
         "holds the device's queue for `seconds` while the host goes on (as torch.cuda._sleep)");
+  m.def("set_handover_pause", &neuron::set_handover_pause, py::arg("seconds"),
+        "the device sleeps `seconds` before each hand-over of an op's result (0: never): for tests");
   m.def("draws_random_numbers", &neuron::draws_random_numbers, py::arg("name"), py::arg("nondeterministic_seeded"),
         py::arg("has_generator_argument"), "whether the op may draw random numbers on neuron (CPU's kernels)");
   m.def("add_internal_source_dir", &neuron::add_internal_source_dir,

@@ -82,6 +82,15 @@ struct ChargeScope {
 bool charges_new_results();  // false inside a ChargeScope
 // A deferred output's DataPtr: no bytes yet, nbytes charged to d from now until it dies.
 c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes);
+// Note [The device holds no caller's storage] (memory.cpp): a deferred output's storage, on
+// deferred_bytes, which the executor reaches through a weak reference alone.
+c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes);
+// Gives a deferred_storage (kept allocated by a weak reference its caller holds) its bytes and
+// their size, with its charge; false, bytes left with the caller, if its holders let it go.
+bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes);
+// A share of a storage's bytes (as share_bytes) through a weak reference, or none: let go, or
+// no bytes yet. A deferred_storage's use count stays its holders'.
+c10::Storage share_if_computed(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage);
 // A neuron DataPtr adopting a CPU storage's bytes, zero-copy. new_result: an op's new result,
 // charged unless in a ChargeScope; else (new bytes of an existing storage) always charged.
 c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result);
@@ -171,6 +180,9 @@ int64_t device_jobs_queued();  // posted and not yet run
 // Holds the device's queue for `seconds` (the host goes on), as torch.cuda._sleep holds a
 // stream: for tests of what the host does while the device is behind.
 void sleep_on_device(double seconds);
+// The executor sleeps `seconds` before each hand-over of a value to or from a caller's storage
+// (engine/queue.cpp; 0: never): a test's window into Note [The device holds no caller's storage].
+void set_handover_pause(double seconds);
 // Note [The executor spins before it sleeps]: lets go of `guard` while `changes` still reads
 // `seen`, for at most the executor's spin budget, and takes it again; the caller then looks at
 // what the guard protects and sleeps if it still has nothing to do. For the executor's thread.

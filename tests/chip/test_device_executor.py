@@ -69,6 +69,34 @@ def test_an_eager_op_returns_before_its_kernel_has_run_and_a_host_read_waits_for
     assert torch.equal(c_host, (a.cpu() @ a.cpu()))
 
 
+def test_the_device_takes_no_reference_to_a_tensor_it_computes_or_reads():
+    """Autograd sums a gradient's second contribution into the first in place only while it holds
+    the only reference to the first and to its storage, else out of place: a reference the device
+    took for the moment it handed a result its bytes changed the ops a backward issued, and the
+    adaptive engine's trace of the step diverged now and then (Note [The device holds no caller's
+    storage]). Here the device pauses at each hand-over while the host counts the references."""
+    a = torch.ones(256, device="neuron")
+    (a + a) * 2  # their first calls run while the caller waits; the next ones are posted
+    torch.neuron.synchronize()
+    native.sleep_on_device(0.2)
+    native.set_handover_pause(0.25)
+    try:
+        start = time.perf_counter()
+        x = a + a  # handed its bytes after the sleep
+        y = x * 2  # reads x's bytes once the device has made them, then is handed its own
+        storage = x.untyped_storage()
+        counts = set()
+        while not native.device_idle():
+            counts.add(torch._C._storage_Use_Count(storage._cdata))
+            time.sleep(0.002)
+        elapsed = time.perf_counter() - start
+    finally:
+        native.set_handover_pause(0)
+    assert elapsed > 0.2 + 3 * 0.25  # x's hand-over, y's read of x, y's hand-over: the host looked
+    assert counts == {torch._C._storage_Use_Count(storage._cdata)}
+    assert torch.equal(y.cpu(), torch.full((256,), 4.0))
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "known bug: a posted op's output gets its bytes only when the device runs it, so data_ptr() reads 0 "
     "and its storage's data_ptr() raises 'invalid python storage' until then (safetensors' storage_ptr "

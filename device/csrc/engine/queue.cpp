@@ -35,6 +35,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -178,6 +179,16 @@ at::Tensor on_storage(c10::Storage storage, c10::DispatchKeySet keys, caffe2::Ty
   return t;
 }
 
+// A test's window into the executor's hand-over of a value (set_handover_pause): it sleeps
+// this long before it gives a deferred output its bytes or reads a pending argument's.
+std::atomic<int64_t> g_handover_pause_us{0};
+
+void pause_in_handover() {
+  if (const int64_t us = g_handover_pause_us.load(std::memory_order_relaxed)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
+}
+
 // Note [Wrapped numbers are shared]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A Python number passed where an op takes a tensor (`x.add_(2)`, `pos.remainder_(32)`)
@@ -294,17 +305,13 @@ IValue capture(const IValue& v, bool written, Launch& launch, Entry& entry, size
 
 // The bytes a pending argument's producer made in this launch, as a tensor of its geometry.
 at::Tensor resolve(const PendingArg& p) {
-  c10::Storage storage;
-  if (auto alive = p.storage.lock()) {
-    // Its bytes on a storage of our own, not the caller's storage: holding that for the op's
-    // run would keep it on the device's books after the caller drops it, which a streamed
-    // launch (Note [Streamed launches]) does while the host issues on: peak memory would
-    // depend on the executor's timing, not be eager's.
-    c10::Storage held(std::move(alive));
-    if (held.data() != nullptr) {
-      storage = share_bytes(held);
-    }
-  }
+  pause_in_handover();
+  // Its bytes on a storage of our own, not the caller's storage: holding that for the op's
+  // run would keep it on the device's books after the caller drops it, which a streamed launch
+  // (Note [Streamed launches]) does while the host issues on: peak memory would depend on the
+  // executor's timing, not be eager's. Not even for a moment: Note [The device holds no
+  // caller's storage].
+  c10::Storage storage = share_if_computed(p.storage);
   if (!storage || storage.data() == nullptr) {
     std::unique_lock<std::mutex> handoff(g_handoff.lock);
     auto found = g_handoff.produced.find(p.key);
@@ -358,10 +365,8 @@ void release_pending(Entry& entry) {
 
 at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
   // No bytes yet (Note [Deferred launches]), but charged from now on (Note [Deferred outputs
-  // are charged at issue] in memory.cpp); resizable through the neuron allocator, as any
-  // neuron storage is.
-  c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes, deferred_bytes(d, static_cast<size_t>(s.nbytes)),
-                       c10::GetAllocator(kNeuron), /*resizable=*/true);
+  // are charged at issue] in memory.cpp).
+  c10::Storage storage = deferred_storage(d, static_cast<size_t>(s.nbytes));
   entry.outputs.push_back(c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                     c10::scalarTypeToTypeMeta(s.dtype));
@@ -369,34 +374,29 @@ at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
   return t;
 }
 
-// The launch made `result` for an output handed out as `spec` on `target`: give target the bytes.
-void fill(const c10::intrusive_ptr<c10::StorageImpl>& target, const at::Tensor& result, const OutputSpec& spec,
-          const c10::OperatorHandle& op) {
+// The launch made `result` for an output handed out as `spec`: its bytes in spec's layout, on
+// a storage of the executor's own, uncharged (its output's placeholder hands its charge over).
+c10::Storage output_bytes(const at::Tensor& result, const OutputSpec& spec, const c10::OperatorHandle& op) {
   TORCH_CHECK(result.defined() && result.device().type() == kNeuron && result.scalar_type() == spec.dtype &&
                   result.sizes() == c10::IntArrayRef(spec.sizes),
               "adaptive engine bug: ", op.schema().operator_name(), " produced ", result.sizes(), " ",
               result.scalar_type(), " but its trace promised ", c10::IntArrayRef(spec.sizes), " ", spec.dtype,
               ". Set NEURON_ADAPTIVE_EAGER=0 to avoid it, and please report it.");
-  c10::StorageImpl* source = result.storage().unsafeGetStorageImpl();
   const bool same_geometry = result.strides() == c10::IntArrayRef(spec.strides) && result.storage_offset() == spec.offset;
-  // The result's bytes are its own, and uncharged (the launch made them): move them, with the
-  // charge the output took at issue (Note [Deferred outputs are charged at issue]).
-  if (same_geometry && result.storage().use_count() == 1 && uncharged_bytes(source->data_ptr())) {
-    // With their size: a kernel may allocate more than the view needs (the recorded run's
-    // storage may differ).
-    hand_over_charge(target->data_ptr(), source->data_ptr());
-    target->set_nbytes(source->nbytes());
-    target->set_data_ptr_noswap(source->set_data_ptr(c10::DataPtr(nullptr, source->device())));
-    return;
+  // The result's bytes are its own, and uncharged (the launch made them): they move, with their
+  // size (a kernel may allocate more than the view needs; the recorded run's storage may differ).
+  if (same_geometry && result.storage().use_count() == 1 && uncharged_bytes(result.storage().data_ptr())) {
+    return result.storage();
   }
   // Another layout, or bytes shared with something else: new bytes, and a copy into them.
-  c10::DataPtr bytes = launch_bytes(result.device().index(), static_cast<size_t>(spec.nbytes), is_projected(result.storage()));
-  hand_over_charge(target->data_ptr(), bytes);
-  target->set_data_ptr_noswap(std::move(bytes));
+  c10::Storage bytes(c10::Storage::use_byte_size_t(), spec.nbytes,
+                     launch_bytes(result.device().index(), static_cast<size_t>(spec.nbytes), is_projected(result.storage())),
+                     /*allocator=*/nullptr, /*resizable=*/false);
   at::Tensor into = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(target), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), result.dtype());
+      c10::Storage(bytes), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), result.dtype());
   into.unsafeGetTensorImpl()->set_sizes_and_strides(spec.sizes, spec.strides, spec.offset);
   into.copy_(result);
+  return bytes;
 }
 
 void run_entry(Launch& launch, Entry& entry) {
@@ -426,22 +426,22 @@ void run_entry(Launch& launch, Entry& entry) {
       return;
     }
     const size_t k = out++;
-    const c10::StorageImpl* key = entry.outputs[k]._unsafe_get_target();
-    auto target = entry.outputs[k].lock();
-    // Under the lock: a capture on the host sees either no bytes and counts itself a reader
-    // before this looks, or the bytes (Note [Values handed between jobs]).
-    std::unique_lock<std::mutex> handoff(g_handoff.lock);
-    const bool read_later = g_handoff.readers.count(key) > 0;
-    if (target) {
-      fill(target, v.toTensor(), spec, entry.op);
-      if (read_later) {  // the bytes, not the storage: its holders' use counts stay theirs
-        g_handoff.produced[key] = share_bytes(c10::Storage(target));
+    // Reached through our weak reference alone (Note [The device holds no caller's storage]).
+    c10::StorageImpl* target = entry.outputs[k]._unsafe_get_target();
+    c10::Storage made = output_bytes(v.toTensor(), spec, entry.op);
+    pause_in_handover();
+    c10::DataPtr bytes;
+    {
+      // Under the lock: a capture on the host sees either no bytes and counts itself a reader
+      // before this looks, or the bytes (Note [Values handed between jobs]).
+      const std::lock_guard<std::mutex> handoff(g_handoff.lock);
+      if (g_handoff.readers.count(target) > 0) {  // queued readers keep a share of the bytes
+        g_handoff.produced[target] = share_bytes(made);
       }
-    } else if (read_later) {  // nobody holds it but queued readers: they keep its bytes
-      g_handoff.produced[key] = v.toTensor().storage();
+      bytes = made.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, made.device()));
+      fill_deferred(target, bytes, made.nbytes());
     }
-    handoff.unlock();
-    target.reset();  // outside the lock: the last holder's release may free device memory
+    // Bytes nobody holds (its holders let it go) are freed here, outside the lock.
   };
   const auto& returns = schema.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
@@ -668,6 +668,8 @@ bool set_bypass(bool bypass) {
   t_bypass = bypass;
   return previous;
 }
+
+void set_handover_pause(double seconds) { g_handover_pause_us.store(static_cast<int64_t>(seconds * 1e6)); }
 
 void set_route(OpRoute route) { g_route = std::move(route); }
 

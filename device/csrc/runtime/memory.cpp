@@ -362,6 +362,81 @@ c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes) {
   return data_ptr_of(nullptr, d, nbytes);
 }
 
+// Note [The device holds no caller's storage]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Autograd sums a gradient's contributions in place (`add_`) only while it holds the last
+// reference to the first one and to its storage (InputBuffer's accumulate: use_count() == 1
+// and storage().use_count() == 1), else out of place (`add`). So any reference the device
+// takes to a caller's storage, however briefly, changes the ops autograd issues: the adaptive
+// engine's trace, recorded with one, diverged at the other ("expected aten.add_.Tensor, got
+// aten.add.Tensor at (autograd engine)"), and a steady step ran dozens of launches where it
+// ran one ([213, 83, 74, 1, 1, 20, 1, 1] on a 24-layer stack, the machine loaded: a preempted
+// executor widens the moment). The executor took one as it gave a deferred output its bytes,
+// and as it read a pending argument's bytes: its weak reference made strong (lock()).
+// A deferred output's storage is a DeferredStorage instead, whose release takes a lock of its
+// own: the executor reaches it through its weak reference alone (which keeps the object,
+// not its bytes) and, under that lock, finds it held (its bytes go in, or are shared out) or
+// released (the bytes are dropped), never half of either. The caller's use counts are theirs.
+namespace {
+struct DeferredStorage final : c10::StorageImpl {
+  using c10::StorageImpl::StorageImpl;
+
+  void release_resources() override {
+    c10::DataPtr bytes;  // freed outside the lock: it may release the device's charge
+    {
+      const std::lock_guard<std::mutex> guard(lock);
+      released = true;
+      bytes = set_data_ptr_no_materialize(c10::DataPtr(nullptr, device()));
+    }
+  }
+
+  std::mutex lock;
+  bool released = false;  // its last holder let go: its bytes, if any, are freed
+};
+
+}  // namespace
+
+c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes) {
+  // Resizable through the neuron allocator, as any neuron storage is.
+  return c10::Storage(c10::make_intrusive<DeferredStorage>(c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(nbytes),
+                                                           deferred_bytes(d, nbytes), c10::GetAllocator(kNeuron),
+                                                           /*resizable=*/true));
+}
+
+bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes) {
+  auto* deferred = dynamic_cast<DeferredStorage*>(storage);
+  TORCH_CHECK(deferred != nullptr, "neuron bug: a deferred output's storage is not a DeferredStorage");
+  const std::lock_guard<std::mutex> guard(deferred->lock);
+  if (deferred->released) {
+    return false;
+  }
+  // With their size: a kernel may allocate more than the view needs.
+  hand_over_charge(deferred->data_ptr(), bytes);
+  deferred->set_nbytes(nbytes);
+  deferred->set_data_ptr_noswap(std::move(bytes));
+  return true;
+}
+
+c10::Storage share_if_computed(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage) {
+  c10::StorageImpl* impl = storage._unsafe_get_target();
+  auto* deferred = dynamic_cast<DeferredStorage*>(impl);
+  if (deferred == nullptr) {  // not made deferred: no lock of its own (none the engine reads pending so far)
+    if (auto alive = storage.lock()) {
+      c10::Storage held(std::move(alive));
+      return held.data() != nullptr ? share_bytes(held) : c10::Storage();
+    }
+    return c10::Storage();
+  }
+  const std::lock_guard<std::mutex> guard(deferred->lock);
+  const Block* block = block_of(deferred->data_ptr());
+  if (deferred->released || block == nullptr || block->bytes == nullptr || block->bytes->data == nullptr) {
+    return c10::Storage();  // let go, not computed yet, or bytes not the allocator's (none so far)
+  }
+  block->bytes->holders.fetch_add(1);
+  return c10::Storage(c10::Storage::use_byte_size_t(), deferred->nbytes(), data_ptr_of(block->bytes, block->device, 0),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
 c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result) {
   const size_t nbytes = cpu.nbytes();
   // Raises torch.OutOfMemoryError: the CPU bytes die with the exception.
