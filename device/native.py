@@ -60,6 +60,7 @@ adopt = _C.adopt
 set_projection = _C.set_projection
 projection_enabled = _C.projection_enabled
 is_projected = _C.is_projected
+bytes_holders = _C.bytes_holders  # tests: Note [Shares count their holders in one step]
 placeholder_reads = _C.placeholder_reads
 adopt_meta = _C.adopt_meta
 forget_values = _C.forget_values

@@ -209,6 +209,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("projection_enabled", &neuron::projection_enabled);
   m.def("is_projected", [](const at::Tensor& t) { return t.device().type() == neuron::kNeuron && t.has_storage() && neuron::is_projected(t.storage()); },
         "whether a neuron tensor carries no bytes (made in projection mode)");
+  m.def("bytes_holders", [](const at::Tensor& t) { return neuron::bytes_holders(t.storage()); },
+        "how many storages hold a neuron tensor's bytes as the device counts them (0: none; -1: not counted): for tests");
   m.def("placeholder_reads", &neuron::placeholder_reads, "host reads of projected values answered with a placeholder");
   m.def("set_executor_spin", &neuron::set_executor_spin, py::arg("microseconds"),
         "how long the device's thread watches its empty queue before it sleeps");

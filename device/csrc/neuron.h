@@ -89,7 +89,7 @@ c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes);
 // their size, with its charge; false, bytes left with the caller, if its holders let it go.
 bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes);
 // A share of a storage's bytes (as share_bytes) through a weak reference, or none: let go, or
-// no bytes yet. A deferred_storage's use count stays its holders'.
+// no bytes yet. A deferred_storage's use count stays its holders'. Only for a deferred_storage.
 c10::Storage share_if_computed(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage);
 // A neuron DataPtr adopting a CPU storage's bytes, zero-copy. new_result: an op's new result,
 // charged unless in a ChargeScope; else (new bytes of an existing storage) always charged.
@@ -117,10 +117,14 @@ void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes
 // A new storage holding storage's bytes, charged nothing: what a queued op or a launch keeps
 // of a value (Note [Queued arguments count no references]). Its holder's charge stays theirs.
 c10::Storage share_bytes(const c10::Storage& storage);
+// For tests (Note [Shares count their holders in one step]): how many storages hold
+// storage's bytes as the device counts them (the caller's and the shares queued ops keep); 0
+// for no bytes; -1 for bytes the device does not count (a DataPtr made elsewhere, not shared yet).
+int64_t bytes_holders(const c10::Storage& storage);
 // Whether anything but `storage` holds its bytes: another tensor's storage object, or a share.
 bool bytes_shared(const c10::Storage& storage);
-// Whether two storages hold the same bytes (one of them a share of the other's, or c10's
-// refcounted sharing): they have one bytes_key (the bytes' address; the storage's, for none).
+// Whether two storages hold the same bytes (one of them a share of the other's): they have
+// one bytes_key (the bytes' address; the storage's, for none).
 const void* bytes_key(const c10::Storage& s);
 bool same_bytes(const c10::Storage& a, const c10::Storage& b);
 

@@ -97,6 +97,45 @@ def test_the_device_takes_no_reference_to_a_tensor_it_computes_or_reads():
     assert torch.equal(y.cpu(), torch.full((256,), 4.0))
 
 
+@pytest.mark.parametrize("made", ["by the allocator", "empty", "on a data pointer made elsewhere"])
+def test_a_queued_ops_share_of_a_tensors_bytes_is_counted_by_the_device(made):
+    """A queued op keeps a share of the bytes it reads, and the host and the executor often let go
+    of the last two holders at once. c10's shared DataPtr, which shares took for storages whose
+    bytes were not the allocator's own (every empty tensor; a storage on a data pointer made
+    elsewhere), decrements and then reads its count in two steps: both threads could read 0 and
+    free it twice, corrupting the heap now and then (a T5 backward aborted in CI's clients run).
+    The device counts every share itself, in one atomic step (Note [Shares count their holders
+    in one step]): -1, bytes it does not count, is never seen once a share exists. The adaptive
+    engine's queued steps share empty tensors too (eager mode runs an op on one while it waits)."""
+    source = torch.arange(4.0, device="neuron")
+    torch.neuron.synchronize()
+    if made == "empty":
+        x = torch.empty(0, device="neuron")
+    elif made == "on a data pointer made elsewhere":
+        storage = torch._C._construct_storage_from_data_pointer(source.data_ptr(), source.device, 16)
+        x = torch.empty(0, device="neuron").set_(storage, 0, (4,), (1,))
+    else:
+        x = source.clone()
+    seen = []
+    with adaptive_eager.mode("adaptive"):
+        for _ in range(6):  # the engine posts the step once it has seen it repeat
+            native.sleep_on_device(0.05)
+            y = (x + 1) * 2
+            seen.append((native.device_idle(), native.bytes_holders(x)))
+            torch.neuron.synchronize()
+    after = native.bytes_holders(x)
+    queued = [holders for idle, holders in seen if not idle]
+    assert queued, f"no step was queued behind the sleep: {seen}"
+    if made == "empty":
+        assert set(queued) == {0} and after == 0  # no bytes: nothing to share
+    else:
+        assert set(queued) == {after + 1} and after == 1  # the caller's storage and the queued step's share
+    assert torch.equal(y.cpu(), (x.cpu() + 1) * 2)
+    if made == "on a data pointer made elsewhere":
+        del x, y
+        assert torch.equal(source.cpu(), torch.arange(4.0))  # the original DataPtr's owner keeps its bytes
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "known bug: a posted op's output gets its bytes only when the device runs it, so data_ptr() reads 0 "
     "and its storage's data_ptr() raises 'invalid python storage' until then (safetensors' storage_ptr "

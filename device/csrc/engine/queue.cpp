@@ -29,7 +29,6 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/RefcountedDeleter.h>
 
 #include <pthread.h>
 

@@ -24,7 +24,6 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
-#include <c10/core/RefcountedDeleter.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
@@ -114,7 +113,9 @@ void add(DeviceMemory& m, int64_t nbytes) {
 // allocation, or a placeholder whose charge moved on.
 struct Bytes {
   void* data;
-  c10::Storage host;  // the CPU storage whose bytes were adopted; none when `data` is ours
+  // The storage whose bytes were adopted (a CPU tensor's, or one holding a DataPtr made
+  // elsewhere: adopt_foreign); none when `data` is ours.
+  c10::Storage host;
   std::atomic<int64_t> holders{1};
   size_t projected = 0;  // > 0: `data` is address space of this many bytes, never mapped (Note [Projected bytes])
 };
@@ -394,6 +395,23 @@ struct DeferredStorage final : c10::StorageImpl {
   bool released = false;  // its last holder let go: its bytes, if any, are freed
 };
 
+// lazy_output (the eager path) makes every storage the executor fills or reads pending, and
+// makes it with deferred_storage: a static cast, checked in debug builds (a dynamic_cast per
+// output on the executor costs what its checks are worth once).
+DeferredStorage* as_deferred(c10::StorageImpl* storage) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(dynamic_cast<DeferredStorage*>(storage) != nullptr,
+                                   "neuron bug: a deferred output's storage is not a DeferredStorage");
+  return static_cast<DeferredStorage*>(storage);
+}
+
+// A new storage on a Block's bytes, one holder more, charged nothing (Note [Deferred outputs
+// are charged at issue]): the caller's charge stays with the caller's holders.
+c10::Storage share_block(const Block& block, size_t nbytes) {
+  block.bytes->holders.fetch_add(1);
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, data_ptr_of(block.bytes, block.device, 0),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
 }  // namespace
 
 c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes) {
@@ -404,8 +422,7 @@ c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes) {
 }
 
 bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes) {
-  auto* deferred = dynamic_cast<DeferredStorage*>(storage);
-  TORCH_CHECK(deferred != nullptr, "neuron bug: a deferred output's storage is not a DeferredStorage");
+  DeferredStorage* deferred = as_deferred(storage);
   const std::lock_guard<std::mutex> guard(deferred->lock);
   if (deferred->released) {
     return false;
@@ -418,23 +435,13 @@ bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes
 }
 
 c10::Storage share_if_computed(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage) {
-  c10::StorageImpl* impl = storage._unsafe_get_target();
-  auto* deferred = dynamic_cast<DeferredStorage*>(impl);
-  if (deferred == nullptr) {  // not made deferred: no lock of its own (none the engine reads pending so far)
-    if (auto alive = storage.lock()) {
-      c10::Storage held(std::move(alive));
-      return held.data() != nullptr ? share_bytes(held) : c10::Storage();
-    }
-    return c10::Storage();
-  }
+  DeferredStorage* deferred = as_deferred(storage._unsafe_get_target());
   const std::lock_guard<std::mutex> guard(deferred->lock);
   const Block* block = block_of(deferred->data_ptr());
   if (deferred->released || block == nullptr || block->bytes == nullptr || block->bytes->data == nullptr) {
     return c10::Storage();  // let go, not computed yet, or bytes not the allocator's (none so far)
   }
-  block->bytes->holders.fetch_add(1);
-  return c10::Storage(c10::Storage::use_byte_size_t(), deferred->nbytes(), data_ptr_of(block->bytes, block->device, 0),
-                      /*allocator=*/nullptr, /*resizable=*/false);
+  return share_block(*block, deferred->nbytes());
 }
 
 c10::DataPtr adopt_bytes(const c10::Storage& cpu, c10::DeviceIndex d, bool new_result) {
@@ -459,26 +466,68 @@ bool uncharged_bytes(const c10::DataPtr& ptr) {
   return block != nullptr && block->bytes != nullptr && block->charged == 0 && block->bytes->holders.load() == 1;
 }
 
-c10::Storage share_bytes(const c10::Storage& storage) {
-  const Block* block = block_of(storage.data_ptr());
-  if (block == nullptr || block->bytes == nullptr) {  // bytes from elsewhere: c10's sharing, charge and all
-    return c10::newStorageImplFromRefcountedDataPtr(storage);
+// Note [Shares count their holders in one step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A share's last two holders are often let go at once on two threads: the host drops its
+// tensor as the executor drops the share the op it queued read. So the count that frees the
+// bytes must be decremented and tested in one atomic step (free_block: fetch_sub(1) == 1).
+// c10's shared DataPtr (newStorageImplFromRefcountedDataPtr) is not: refcounted_deleter
+// decrements, then reads the count again, and two threads letting go together can both read
+// 0 and both delete its context (a 24-byte object). Its storages were shared that way when
+// their bytes were not a Block of ours: every empty tensor (the allocator's DataPtr for 0 bytes
+// has no context), which HF models make by the dozen. Now and then a heap corrupted on
+// autograd's worker thread ("malloc(): unaligned tcache chunk detected" in InputBuffer, a
+// segfault in a T5 backward; under ASan, "attempting double-free" of that context, freed on
+// the executor). So an empty storage's share is an empty storage (there is nothing to hold),
+// and bytes from elsewhere (a DataPtr torch or a library made: from_blob, a storage built on
+// a data pointer) are adopted first: the storage's DataPtr is swapped, once, for a Block of
+// ours that owns the original, as c10's sharing swaps in its own.
+std::mutex g_adopt;
+
+const Block& adopt_foreign(const c10::Storage& storage) {
+  const std::lock_guard<std::mutex> guard(g_adopt);
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (const Block* block = block_of(impl->data_ptr()); block != nullptr && block->bytes != nullptr) {
+    return *block;  // adopted by another thread meanwhile
   }
-  block->bytes->holders.fetch_add(1);
-  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), data_ptr_of(block->bytes, block->device, 0),
-                      /*allocator=*/nullptr, /*resizable=*/false);
+  void* data = const_cast<void*>(impl->data());
+  const c10::Device device = impl->device();
+  const size_t nbytes = impl->nbytes();
+  c10::DataPtr original = impl->set_data_ptr(c10::DataPtr(data, device));
+  // The original lives in a storage of its own, freed with the last holder (its deleter runs
+  // then, on whichever thread that is, once). Charged nothing: what made it charged it, if anything.
+  c10::Storage owner(c10::Storage::use_byte_size_t(), nbytes, std::move(original), /*allocator=*/nullptr,
+                     /*resizable=*/false);
+  impl->set_data_ptr_noswap(data_ptr_of(new Bytes{data, std::move(owner)}, device.index(), 0));
+  return *block_of(impl->data_ptr());
+}
+
+c10::Storage share_bytes(const c10::Storage& storage) {
+  if (storage.data() == nullptr) {  // no bytes (an empty storage, or a value not made yet)
+    return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), c10::DataPtr(nullptr, storage.device()),
+                        /*allocator=*/nullptr, /*resizable=*/false);
+  }
+  const Block* block = block_of(storage.data_ptr());
+  if (block == nullptr || block->bytes == nullptr) {  // bytes from elsewhere: Note [Shares count their holders in one step]
+    block = &adopt_foreign(storage);
+  }
+  return share_block(*block, storage.nbytes());
+}
+
+int64_t bytes_holders(const c10::Storage& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  if (const Block* block = block_of(data); block != nullptr && block->bytes != nullptr) {
+    return block->bytes->holders.load();
+  }
+  return data.get() == nullptr && data.get_context() == nullptr ? 0 : -1;
 }
 
 bool bytes_shared(const c10::Storage& storage) {
   if (storage.use_count() > 1) {
     return true;
   }
-  const c10::DataPtr& data = storage.data_ptr();
-  if (const Block* block = block_of(data)) {
-    return block->bytes != nullptr && block->bytes->holders.load() > 1;
-  }
-  return data.get_deleter() == &c10::refcounted_deleter &&
-         static_cast<c10::RefcountedDeleterContext*>(data.get_context())->refcount.load() > 1;
+  const Block* block = block_of(storage.data_ptr());
+  return block != nullptr && block->bytes != nullptr && block->bytes->holders.load() > 1;
 }
 
 const void* bytes_key(const c10::Storage& s) {
