@@ -482,6 +482,7 @@ bool uncharged_bytes(const c10::DataPtr& ptr) {
 // and bytes from elsewhere (a DataPtr torch or a library made: from_blob, a storage built on
 // a data pointer) are adopted first: the storage's DataPtr is swapped, once, for a Block of
 // ours that owns the original, as c10's sharing swaps in its own.
+namespace {
 std::mutex g_adopt;
 
 const Block& adopt_foreign(const c10::Storage& storage) {
@@ -501,6 +502,7 @@ const Block& adopt_foreign(const c10::Storage& storage) {
   impl->set_data_ptr_noswap(data_ptr_of(new Bytes{data, std::move(owner)}, device.index(), 0));
   return *block_of(impl->data_ptr());
 }
+}  // namespace
 
 c10::Storage share_bytes(const c10::Storage& storage) {
   if (storage.data() == nullptr) {  // no bytes (an empty storage, or a value not made yet)
