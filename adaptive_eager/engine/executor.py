@@ -202,6 +202,7 @@ class AdaptiveExecutor(Executor):
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig.from_env()
         self._armed: Pending | None = None  # the match the route continues in C++
+        self._armed_feeds = False  # Note [Armed matching while detecting]: its ops go to detection
         self._arm_generation = 0  # which arming _armed is (an interrupt may stop one before C++ got it)
         self._lock = _CatchingUpLock()
         self._lock.engine = self
@@ -248,6 +249,7 @@ class AdaptiveExecutor(Executor):
         self._warned = False
         # (trace, stream position): a just-adopted trace takes over when the stream gets there
         self._enter_at: tuple[Trace, int] | None = None
+        self._enter_period = 0  # the period whose adoption set _enter_at
         # Note [When detection pauses]: after this many ops in a row ran inside completed
         # traces, detection pauses: the steady-state cost per op is then matching alone. A
         # unit longer than every cached trace may not have repeated twice by then: a 64-layer
@@ -256,10 +258,9 @@ class AdaptiveExecutor(Executor):
         # ends at a divergence, the next one waits twice as long (_resume_detection), up to
         # the ops that two repetitions of the longest unit take. The first pause comes
         # sooner, after _FIRST_PAUSE_AFTER ops (or 4 lengths of a trace adopted, _adopt):
-        # until it, every op is matched in Python (armed matching waits for a pause), and a
-        # small MLP's 28-op step was matched so until about its 40th step: adaptive mode's first
-        # 30 steps took 1.5-1.8x eager's wall time (issue 35 asks 1.2x). A unit it pauses too soon for
-        # diverges, and the doubling finds it one resumption later.
+        # until it, every op is recorded in the history (the route matches in C++ before it
+        # too: Note [Armed matching while detecting]). A unit it pauses too soon for diverges,
+        # and the doubling finds it one resumption later.
         self._steady = 0
         self._pause_after = _FIRST_PAUSE_AFTER
         self._max_pause_after = max(_MIN_PAUSE_AFTER, cfg.repeats * cfg.max_period)
@@ -342,6 +343,8 @@ class AdaptiveExecutor(Executor):
                     p.trace.recent_sizes.extend(tuple(sizes) for sizes in recent_sizes)
                     p.trace.sizes_repeat = p.trace.sizes_repeat or sizes_repeat
             else:
+                if self._armed_feeds:
+                    self._feed_matched(p, pos, position, syms)
                 p.pos = pos
                 p.syms = syms
                 self.position = position
@@ -349,6 +352,30 @@ class AdaptiveExecutor(Executor):
             self._last_sync_at = last_sync_at
             self._longest_unsynced = max(self._longest_unsynced, longest_unsynced)
         self._armed = None
+
+    def _feed_matched(self, p: Pending, pos: int, end: int, syms: list) -> None:
+        """Note [Armed matching while detecting]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Before detection first pauses, the route matched p's positions up to `pos` in C++
+        (stream positions up to `end`) as it does once paused, but detection must see each of
+        them: they go into the history here, in order, as _defer would have put them there one
+        by one. Matching a small MLP's 28-op step in Python cost about 25 us an op (the route's
+        call, describing the call, comparing, recording) against 6 for the history alone, and
+        its steps ran so until detection first paused, about the 14th: adaptive mode's first 30
+        steps cost 1.3-1.5x eager's (issue 35 asks 1.2x).
+        Detection runs late by at most a trace, so an adoption it makes here may place the new
+        trace's start (_enter_at) at a position the route has passed: the stream is periodic,
+        and the start comes again a period later. Each op is taken as it is fed (p.pos), so an
+        interrupt midway leaves the rest for the next entry, not an op fed twice."""
+        trace = p.trace
+        for k in range(p.pos, pos):
+            self.position = end - (pos - k)
+            proto = trace.protos[k]
+            p.positions.append(self._advance(GenericSighting(proto, syms) if trace.generic else proto, _MATCHED))
+            p.pos = k + 1
+        if self._enter_at is not None and self._enter_at[1] < end:
+            entering, at = self._enter_at
+            self._enter_at = (entering, at + -(-(end - at) // self._enter_period) * self._enter_period)
 
     def _take_rounds(self, p: Pending, pos: int, position: int, rounds: int, collected: int, syms: list) -> None:
         """Note [Armed rounds]: the route completed p's trace `rounds` times, each submitted to
@@ -387,9 +414,12 @@ class AdaptiveExecutor(Executor):
         its launch would go to the device stream, through its last and on into its next rounds
         (Note [Armed rounds])."""
         p = self.pending
-        if (self._steady < self._pause_after or self.phase is not Phase.MATCHING or self._enter_at is not None
+        if (self.phase is not Phase.MATCHING or self._enter_at is not None
                 or self.config.launch_blocking or not self.config.native_match):
             return
+        # Note [Armed matching while detecting]: before detection pauses, the positions matched
+        # here go into its history at the next entry (one trace's ops at most, so no rounds).
+        feeds = self._steady < self._pause_after
         trace = p.trace
         if p.done == p.pos:
             return
@@ -401,7 +431,7 @@ class AdaptiveExecutor(Executor):
         # Note [Armed rounds]: the route completes the trace too, where _launch would submit it
         # to the device stream, and goes on into its next rounds (a shape-generic trace's
         # binding its symbols anew, and noting the sizes each met as _complete does).
-        wrap = (p.done == 0 and stream.enabled() and _may_use_stream(trace)
+        wrap = (not feeds and p.done == 0 and stream.enabled() and _may_use_stream(trace)
                 and not profiler_enabled() and None not in trace.sources)
         stop = len(trace.protos) - (0 if wrap else 1)
         if p.pos >= stop or None in trace.sources[p.pos:stop]:
@@ -410,6 +440,7 @@ class AdaptiveExecutor(Executor):
         # saw, whose catch-up changes nothing.
         self._arm_generation += 1
         self._armed = p
+        self._armed_feeds = feeds
         native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap, p.syms, self._last_sync_at,
                    list(trace.recent_sizes) if wrap and trace.generic else [], trace.recent_sizes.maxlen)
 
@@ -1223,6 +1254,7 @@ class AdaptiveExecutor(Executor):
             # The stream is at its start now. (Not while a longer trace is matched: a unit
             # repeating inside it, as rotary embeddings do for queries and keys, must not cut it.)
             self._enter_at = (adopted, self.position)
+            self._enter_period = period  # Note [Armed matching while detecting]
 
     def _adopt(self, period: int) -> None:
         """The last `period` ops repeated: cache them as traces (split at sync points)."""
@@ -1267,6 +1299,7 @@ class AdaptiveExecutor(Executor):
                 # The stream is periodic: the trace's first op comes `cut` ops from now.
                 # (Not while a longer trace is matched: the unit repeats inside it.)
                 self._enter_at = (traces[0], self.position + cut)
+                self._enter_period = period  # Note [Armed matching while detecting]
 
     def _adopt_segment(self, seg, recent, generic: set, minimum: int) -> list[Trace] | None:
         """seg (history entries, ops a generic trace matched given as exact ones) as cached

@@ -702,16 +702,19 @@ def test_pure_program_whose_caches_grow_every_iteration_matches_eager_and_fuses(
         f"was never fused by a shape-generic trace (stats: {stats}):\n{program.source()}")
 
 
-# Programs outside CI's seed range that once differed, with what they found.
+# Programs outside CI's seed range that once differed or failed, (seed, style): what they found.
 FOUND_BY_SEARCH = {
-    1008049: "a match handed to another trace after a sync had launched part of it: the "
-             "launch had freed a value the other trace still reads",
+    (1008049, None): "a match handed to another trace after a sync had launched part of it: the "
+                     "launch had freed a value the other trace still reads",
+    (203079, "shapes"): "a shape-generic trace adopted as detection was given the ops the route "
+                        "had matched in C++ (Note [Armed matching while detecting]): its start, "
+                        "passed already, was moved on by the period of an earlier adoption (0)",
 }
 
 
-@pytest.mark.parametrize("seed", sorted(FOUND_BY_SEARCH))
-def test_program_found_by_a_search_matches_eager(seed):
-    check(generate(seed))
+@pytest.mark.parametrize("seed, style", sorted(FOUND_BY_SEARCH, key=str))
+def test_program_found_by_a_search_matches_eager(seed, style):
+    check(generate(seed, style=style))
 
 
 def test_programs_back_to_back_share_the_engine():
