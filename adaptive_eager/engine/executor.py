@@ -65,6 +65,7 @@ _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # the least any later pause waits for (see _steady)
 _FIRST_PAUSE_AFTER = 256  # ops matched in a row before detection first pauses (see _steady)
 _QUIET_FACTOR, _MAX_QUIET_FACTOR = 4, 1024  # Note [Detection that finds nothing pauses]
+_QUIET_BEFORE_FEEDING = 4  # Note [Armed matching while detecting]: trace lengths with nothing found
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
@@ -364,9 +365,16 @@ class AdaptiveExecutor(Executor):
         its steps ran so until detection first paused, about the 14th: adaptive mode's first 30
         steps cost 1.3-1.5x eager's (issue 35 asks 1.2x).
         Detection runs late by at most a trace, so an adoption it makes here may place the new
-        trace's start (_enter_at) at a position the route has passed: the stream is periodic,
-        and the start comes again a period later. Each op is taken as it is fed (p.pos), so an
-        interrupt midway leaves the rest for the next entry, not an op fed twice."""
+        trace's start (_enter_at) at a position the route has passed, where the engine, matching
+        op by op, would have handed the match over to it: the stream is periodic, so it is
+        entered a period later. That cost real models a step of whole-step fusion each time
+        (Gemma3's training reached one launch a step two steps later, Qwen3's one): while
+        detection keeps finding units, every few ops, the stream is matched op by op as before,
+        and the route matches before the pause only once detection has found nothing new for
+        _QUIET_BEFORE_FEEDING lengths of the trace (as the first pause waits 4 lengths of the
+        unit it adopted). A small MLP's step is armed so from its 8th step, where the pause
+        comes at its 14th. Each op is taken as it is fed (p.pos), so an interrupt midway leaves
+        the rest for the next entry, not an op fed twice."""
         trace = p.trace
         for k in range(p.pos, pos):
             self.position = end - (pos - k)
@@ -418,9 +426,12 @@ class AdaptiveExecutor(Executor):
                 or self.config.launch_blocking or not self.config.native_match):
             return
         # Note [Armed matching while detecting]: before detection pauses, the positions matched
-        # here go into its history at the next entry (one trace's ops at most, so no rounds).
+        # here go into its history at the next entry (one trace's ops at most, so no rounds),
+        # once detection has gone a while without finding anything.
         feeds = self._steady < self._pause_after
         trace = p.trace
+        if feeds and self._fruitless < _QUIET_BEFORE_FEEDING * len(trace):
+            return  # detection is finding units now: it must see each op as it comes
         if p.done == p.pos:
             return
         table = trace.guard_table

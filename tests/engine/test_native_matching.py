@@ -64,27 +64,28 @@ def test_a_steady_trace_is_matched_in_cpp_with_its_floats_bound_per_call():
 
 
 def test_before_detection_pauses_a_matched_trace_is_matched_in_cpp_and_detection_sees_every_op():
-    """Note [Armed matching while detecting]: from the first steps a trace is matched, its ops
-    after the first are matched in C++ (warm-up pays no Python per op), and detection's history
-    still gets every one of them, in order, at the engine's next entry."""
+    """Note [Armed matching while detecting]: once detection has gone a few trace lengths
+    without finding anything, and before it pauses, a trace's ops after the first are matched
+    in C++ (warm-up pays no Python per op), and detection's history still gets every one of
+    them, in order, at the engine's next entry."""
     engine = SWITCH.adaptive
     xs, ones = _chain()
-    s = 0
-    while adaptive_eager.stats().trace_hits < 2:  # the step's trace cached, and matched once
+    s, first = 0, native.armed_matches()
+    while native.armed_matches() == first:  # op by op while detection finds the step's unit
         _step(xs, ones, s)
         s += 1
-        assert s < 20, "the 32-op step was never cached"
-    assert not engine.detection_paused
+        assert s < 20, "the 32-op step was never matched in C++"
+    assert adaptive_eager.stats().trace_hits >= 2 and not engine.detection_paused
     before, position = native.armed_matches(), engine.position
-    for _ in range(3):
+    for _ in range(2):
         _step(xs, ones, s)
         s += 1
     engine.catch_up()
-    assert not engine.detection_paused  # 3 more steps: still well before the first pause
+    assert not engine.detection_paused  # still before the first pause
     # Each step's first op starts the match in the engine, its last completes it there.
-    assert native.armed_matches() - before == 3 * (OPS - 2)
-    assert engine.position - position == 3 * OPS
-    assert [e[0] for e in list(engine.history)[-3 * OPS:]] == list(range(position, position + 3 * OPS))
+    assert native.armed_matches() - before == 2 * (OPS - 2)
+    assert engine.position - position == 2 * OPS
+    assert [e[0] for e in list(engine.history)[-2 * OPS:]] == list(range(position, position + 2 * OPS))
     cpu, cpu_ones = _chain("cpu")
     for c in range(s):
         _step(cpu, cpu_ones, c)
