@@ -374,12 +374,16 @@ class AdaptiveExecutor(Executor):
         _QUIET_BEFORE_FEEDING lengths of the trace (as the first pause waits 4 lengths of the
         unit it adopted). A small MLP's step is armed so from its 8th step, where the pause
         comes at its 14th. Each op is taken as it is fed (p.pos), so an interrupt midway leaves
-        the rest for the next entry, not an op fed twice."""
+        the rest for the next entry (Note [Interrupted issue]), and none is fed twice."""
         trace = p.trace
         for k in range(p.pos, pos):
-            self.position = end - (pos - k)
-            proto = trace.protos[k]
-            p.positions.append(self._advance(GenericSighting(proto, syms) if trace.generic else proto, _MATCHED))
+            position = end - (pos - k)
+            # Fed already if an interrupt landed after its _advance, before p.pos moved on: a
+            # position twice in the history would misplace every cut _adopt takes after it.
+            if not (self.history and self.history[-1][0] >= position):
+                self.position = position
+                proto = trace.protos[k]
+                p.positions.append(self._advance(GenericSighting(proto, syms) if trace.generic else proto, _MATCHED))
             p.pos = k + 1
         if self._enter_at is not None and self._enter_at[1] < end:
             entering, at = self._enter_at

@@ -92,6 +92,44 @@ def test_before_detection_pauses_a_matched_trace_is_matched_in_cpp_and_detection
     assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
 
 
+def test_an_interrupt_while_detection_is_given_the_armed_ops_feeds_none_twice(monkeypatch):
+    """Note [Armed matching while detecting], Note [Interrupted issue]: a KeyboardInterrupt
+    right after one op went into the history, before the feed moved on, is raised by the op
+    that made the engine catch up (it never runs, as an interrupted op in eager mode); the
+    next entry feeds the rest, and the history holds each position once."""
+    engine = SWITCH.adaptive
+    xs, ones = _chain()
+    s, first = 0, native.armed_matches()
+    while native.armed_matches() == first:
+        _step(xs, ones, s)
+        s += 1
+        assert s < 20, "the 32-op step was never matched in C++"
+    real, calls = engine._advance, [0]
+
+    def advance(proto, producers):
+        position = real(proto, producers)
+        calls[0] += 1
+        if calls[0] == 5:  # inside the feed: the route matched this step's ops 1-30 in C++
+            raise KeyboardInterrupt
+        return position
+    monkeypatch.setattr(engine, "_advance", advance)
+    with pytest.raises(KeyboardInterrupt):
+        _step(xs, ones, s)
+    monkeypatch.setattr(engine, "_advance", real)
+    skipped = (s, OPS - 1)  # the step's last op raised: it never ran
+    for s in range(s + 1, s + 4):
+        _step(xs, ones, s)
+    engine.catch_up()
+    positions = [e[0] for e in engine.history]
+    assert positions == sorted(set(positions))
+    cpu, cpu_ones = _chain("cpu")
+    for c in range(s + 1):
+        for i in range(OPS):
+            if (c, i) != skipped:
+                cpu[i].add_(cpu_ones[i], alpha=0.5 + 0.01 * c)
+    assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
+
+
 def test_a_divergence_while_armed_is_found_at_the_same_op_and_explained_the_same(native_match):
     xs, ones = _chain()
     for s in range(STEPS):
