@@ -106,12 +106,13 @@ def emit_call_checks(src: Source, signature: tuple, args_t: tuple, kwargs_t: dic
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Compiling a matcher (Python's compile() of its source: 200-600 us) costs what ~65 matches
 # save with it (an addmm's: 1.7 us, where describing the call and comparing signatures takes
-# 4.7), and most positions are matched in Python a few times only: once a trace is matched,
-# the C++ route matches its positions after the first (Note [Armed matching]). A small MLP's
-# first 30 steps compiled 19 matchers: 60 of the 113 million instructions its thread spent in
-# them, where eager mode's spent 47 (callgrind). So a position's first INTERPRETED_MATCHES
-# matches describe the call (OpRecord.from_call) and compare: its signature for an exact
-# position (what the slow path compares, and what the matcher checks), its size-erased
+# 4.7), and most positions are matched in Python a few times only: once detection pauses or
+# goes quiet, the C++ route matches a trace's positions after its first (Note [Armed
+# matching]). A small MLP's first 30 steps compiled 19 matchers: 60 of the 113 million
+# instructions its thread spent in them, where eager mode's spent 47 (callgrind). So a
+# position's first INTERPRETED_MATCHES matches describe the call (OpRecord.from_call) and
+# compare: its signature for an exact position (what the slow path compares, and what the
+# matcher checks), its size-erased
 # structure and ints for a generic one (generic.fits_generic, the same checks in the same
 # order as compile_generic_matcher's). A position matched more often gets its matcher.
 INTERPRETED_MATCHES = 64

@@ -185,9 +185,10 @@ Answer read_answer(py::object out) {
   return {AnswerKind::kResult, std::move(out), {}};
 }
 
-// Note [Armed matching]: while a cached trace is being matched, the engine arms the route with the trace's next positions (their guards, Note [A position's
-// guards in C++], and plans): each op that fits the next one is queued here, with no Python
-// call, and the count moves on. The first op that does not fit, or the end of the armed
+// Note [Armed matching]: while a cached trace is being matched (once detection has paused,
+// or gone quiet for a while before that), the engine arms the route with the trace's next
+// positions (their guards, Note [A position's guards in C++], and plans): each op that fits
+// the next one is queued here, with no Python call, and the count moves on. The first op that does not fit, or the end of the armed
 // positions (the trace's last op, whose completion is Python's but in Note [Armed rounds]),
 // disarms it and goes to the engine, which first takes the count (disarm: absolute values,
 // so taking it twice is harmless), gives its detection the positions matched here if it has
