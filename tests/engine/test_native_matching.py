@@ -63,18 +63,26 @@ def test_a_steady_trace_is_matched_in_cpp_with_its_floats_bound_per_call():
     assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
 
 
+def _chain_until_armed():
+    """The chain's steps, op by op while detection finds the step's unit, up to the first step
+    the route matched in C++ (Note [Armed matching while detecting]): its tensors, and the
+    next step's number."""
+    xs, ones = _chain()
+    s, first = 0, native.armed_matches()
+    while native.armed_matches() == first:
+        _step(xs, ones, s)
+        s += 1
+        assert s < 20, "the 32-op step was never matched in C++"
+    return xs, ones, s
+
+
 def test_before_detection_pauses_a_matched_trace_is_matched_in_cpp_and_detection_sees_every_op():
     """Note [Armed matching while detecting]: once detection has gone a few trace lengths
     without finding anything, and before it pauses, a trace's ops after the first are matched
     in C++ (warm-up pays no Python per op), and detection's history still gets every one of
     them, in order, at the engine's next entry."""
     engine = SWITCH.adaptive
-    xs, ones = _chain()
-    s, first = 0, native.armed_matches()
-    while native.armed_matches() == first:  # op by op while detection finds the step's unit
-        _step(xs, ones, s)
-        s += 1
-        assert s < 20, "the 32-op step was never matched in C++"
+    xs, ones, s = _chain_until_armed()
     assert adaptive_eager.stats().trace_hits >= 2 and not engine.detection_paused
     before, position = native.armed_matches(), engine.position
     for _ in range(2):
@@ -98,12 +106,7 @@ def test_an_interrupt_while_detection_is_given_the_armed_ops_feeds_none_twice(mo
     that made the engine catch up (it never runs, as an interrupted op in eager mode); the
     next entry feeds the rest, and the history holds each position once."""
     engine = SWITCH.adaptive
-    xs, ones = _chain()
-    s, first = 0, native.armed_matches()
-    while native.armed_matches() == first:
-        _step(xs, ones, s)
-        s += 1
-        assert s < 20, "the 32-op step was never matched in C++"
+    xs, ones, s = _chain_until_armed()
     real, calls = engine._advance, [0]
 
     def advance(proto, producers):
