@@ -224,28 +224,43 @@ def test_launch_blocking_raises_an_devices_error_at_the_call():
     assert out == "raised at the call"
 
 
-def test_a_cpu_matmul_keeps_its_speed_after_a_neuron_backward():
-    # libgomp stops spinning once its threads outnumber the cores: a thread team kept by a
-    # device thread made each later CPU region of the process wake its workers through the
-    # kernel (6 us -> 120 us). A ratio of medians, in a fresh process, with a wide bound.
-    out = run_json("""
-        import statistics, time, torch
-        a, b = torch.randn(16, 64), torch.randn(64, 64)
-        def median_us():
+_MATMUL_BEFORE_AND_AFTER_A_BACKWARD = """
+    import statistics, time, torch
+    a, b = torch.randn(16, 64), torch.randn(64, 64)
+    def us_per_matmul():
+        # The least of 5 medians of 400 calls: a burst of a neighbour's load on this shared
+        # machine moves one window's median, not all five.
+        medians = []
+        for _ in range(5):
             times = []
-            for _ in range(2000):
+            for _ in range(400):
                 start = time.perf_counter()
                 a @ b
                 times.append(time.perf_counter() - start)
-            return statistics.median(times) * 1e6
-        before = median_us()
-        model = torch.nn.Linear(64, 64).to("neuron")
-        model(torch.randn(16, 64, device="neuron")).sum().backward()
-        torch.neuron.synchronize()
-        time.sleep(0.05)  # the device's thread lets its idle team go after a moment
-        emit(median_us() / before)
-    """, env={"OMP_NUM_THREADS": None})
-    assert out < 2.0
+            medians.append(statistics.median(times))
+        return min(medians) * 1e6
+    before = us_per_matmul()
+    model = torch.nn.Linear(64, 64).to("neuron")
+    model(torch.randn(16, 64, device="neuron")).sum().backward()
+    torch.neuron.synchronize()
+    time.sleep(0.05)  # the device's thread lets its idle team go after a moment
+    emit(us_per_matmul() / before)
+"""
+
+
+def test_a_cpu_matmul_keeps_its_speed_after_a_neuron_backward():
+    # libgomp stops spinning once its threads outnumber the cores: a thread team kept by a
+    # device thread made each later CPU region of the process wake its workers through the
+    # kernel (6 us -> 120 us, 20x, in every process). A ratio of medians in a fresh process,
+    # with a wide bound; a process whose ratio is over it is run again, twice at most, because
+    # the "before" and "after" windows cannot be interleaved and a neighbour's load can fall on
+    # one of them (CI once read 2.12), while the defect reads ~20x in every process.
+    ratios = []
+    for _ in range(3):
+        ratios.append(run_json(_MATMUL_BEFORE_AND_AFTER_A_BACKWARD, env={"OMP_NUM_THREADS": None}))
+        if ratios[-1] < 2.0:
+            break
+    assert min(ratios) < 2.0, f"after a neuron backward / before, per process: {ratios}"
 
 
 _TEAMS_WHILE_BUSY = """
