@@ -1,4 +1,5 @@
 """OpRecord signatures and the op-stream recorder."""
+import os
 import sys
 import threading
 
@@ -192,3 +193,20 @@ def test_recorder_does_not_keep_tensors_alive():
     del y
     assert ref() is None
     assert all(v is None or not isinstance(v, torch.Tensor) or v.dim() == 0 for r in rec for v in r.values)
+
+
+def test_the_users_source_line_is_named_relative_to_the_working_directory_it_is_asked_in(tmp_path, monkeypatch):
+    # _short_path keeps what it computed (relpath costs 6-12 us): the working directory is part
+    # of what it is kept under, so a chdir between two asks names the file anew.
+    from adaptive_eager.engine.record import user_source_line
+
+    this_file = sys._getframe().f_code.co_filename
+    monkeypatch.chdir(os.path.dirname(this_file))
+    assert user_source_line().split(":")[0] == os.path.basename(this_file)
+    monkeypatch.chdir(tmp_path)  # outside the file's tree: the whole path
+    assert user_source_line().split(":")[0] == this_file
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()  # no working directory at all: the whole path, not an error
+    assert user_source_line().split(":")[0] == this_file
