@@ -75,13 +75,13 @@ def _child(mode: str, warmup: int, steps: int) -> None:
         for _ in range(warmup):
             step()
         native.wait_for_device()
-        functools.reduce(step, range(steps), None)  # the counted span: Note in the docstring
+        matched = native.armed_matches()
+        functools.reduce(step, range(steps), None)  # the counted span (see the docstring)
         native.wait_for_device()
-        if mode == "adaptive":
-            launches = adaptive_eager.stats().fused_launches
-            if launches < steps:  # not the steady state: the table would not mean what it says
-                raise SystemExit(f"adaptive mode fused {launches} launches in {warmup + steps} steps: "
-                                 f"not yet matching each step (raise --warmup)")
+        if mode == "adaptive" and native.armed_matches() - matched != steps * OPS_PER_STEP:
+            # Not the steady state (every op matched in C++): the table would not mean what it says.
+            raise SystemExit(f"adaptive mode matched {native.armed_matches() - matched} of the "
+                             f"{steps * OPS_PER_STEP} counted ops in C++: not in its steady state yet (raise --warmup)")
 
 
 _LINE = re.compile(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?\S*?:(.*?)\s*(?:\[[^\]]*\])?\s*$")
