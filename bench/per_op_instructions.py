@@ -96,7 +96,7 @@ def inclusive_counts(annotated: str) -> dict[str, int]:
         if m is None:
             continue
         name = m.group(2)
-        if re.search(r"'\d+$", name.split("(")[0]) or name.endswith("'2"):
+        if re.search(r"'\d+$", name):  # name'2, name(args)'3: recursion, inside the outer entry
             continue
         counts[name] = max(counts.get(name, 0), int(m.group(1).replace(",", "")))
     return counts

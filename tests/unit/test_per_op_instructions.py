@@ -20,6 +20,7 @@ Ir                    file:function
  9,866,000 (21.22%)  ???:neuron::enqueue(c10::OperatorHandle const&, std::vector<c10::IValue, std::allocator<c10::IValue> >*, std::shared_ptr<neuron::DeferPlan const>) [/x/_C.so]
  4,675,000 (10.05%)  ???:neuron::(anonymous namespace)::capture(c10::IValue const&, bool, neuron::Launch&, neuron::Entry&, unsigned long, long, bool) [/x/_C.so]
  3,000,000 ( 6.45%)  ???:neuron::(anonymous namespace)::capture(c10::IValue const&, bool, neuron::Launch&, neuron::Entry&, unsigned long, long, bool)'2 [/x/_C.so]
+ 2,000,000 ( 4.30%)  ???:neuron::(anonymous namespace)::capture(c10::IValue const&, bool, neuron::Launch&, neuron::Entry&, unsigned long, long, bool)'3 [/x/_C.so]
    388,000 ( 0.83%)  ???:std::deque<neuron::Entry, std::allocator<neuron::Entry> >::emplace_back<neuron::Entry>(neuron::Entry&&) [clone .isra.0] [/x/_C.so]
 """
 
@@ -27,7 +28,7 @@ Ir                    file:function
 def test_inclusive_counts_are_read_per_function_without_their_recursive_entries():
     counts = per_op.inclusive_counts(_ANNOTATED)
     assert counts["_PyEval_EvalFrameDefault"] == 46_498_424  # the outer entry; its '2 is inside it
-    assert not [name for name in counts if "'2" in name]
+    assert not [name for name in counts if "'2" in name or "'3" in name]
     assert per_op.part_count(counts, "neuron::eager_fallback(") == 13_699_000
     assert per_op.part_count(counts, "neuron::(anonymous namespace)::capture(") == 4_675_000
     assert per_op.part_count(counts, "neuron::enqueue(") == 9_866_000
