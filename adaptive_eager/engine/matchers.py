@@ -112,9 +112,9 @@ def emit_call_checks(src: Source, signature: tuple, args_t: tuple, kwargs_t: dic
 # instructions its thread spent in them, where eager mode's spent 47 (callgrind). So a
 # position's first INTERPRETED_MATCHES matches describe the call (OpRecord.from_call) and
 # compare: its signature for an exact position (what the slow path compares, and what the
-# matcher checks), its size-erased
-# structure and ints for a generic one (generic.fits_generic, the same checks in the same
-# order as compile_generic_matcher's). A position matched more often gets its matcher.
+# matcher checks), its size-erased structure and ints for a generic one (generic.fits_generic,
+# the same checks in the same order as compile_generic_matcher's). A position matched more
+# often gets its matcher.
 INTERPRETED_MATCHES = 64
 
 
