@@ -53,6 +53,7 @@ PERIOD_DETECTOR_RECENT = _C.PERIOD_DETECTOR_RECENT
 add_internal_source_dir = _C.add_internal_source_dir
 set_launch_blocking = _C.set_launch_blocking
 set_executor_spin = _C.set_executor_spin
+set_device_team_sleeps = _C.set_device_team_sleeps
 eager_issue_counts = _C.eager_issue_counts
 host_alias = _C.host_alias
 adopt = _C.adopt

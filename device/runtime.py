@@ -194,6 +194,7 @@ class Runtime:
         converted = {dt: why for dt in _PRICED_DTYPES if (why := self.config.profile.converted(dt))}
         native.set_launch_blocking(bool(settings.read("NEURON_LAUNCH_BLOCKING")))  # Note [Eager ops run on the device]
         native.set_executor_spin(settings.read("NEURON_EXECUTOR_SPIN_US"))  # Note [The executor spins before it sleeps]
+        native.set_device_team_sleeps(settings.read("NEURON_DEVICE_TEAM_SLEEPS"))  # Note [The device's team sleeps between regions]
         # A posted op's error names the user's line, not torch's nor ours: Note [Where an op was issued].
         for package in (torch, sys.modules[__package__]):
             native.add_internal_source_dir(os.path.dirname(os.path.abspath(package.__file__)) + os.sep)

@@ -156,6 +156,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NEURON_EXECUTOR_SPIN_US", 200, "`200`", "set it to an integer from 0 to 100000",
             "µs the device's thread watches its empty queue before it sleeps (`0`: sleeps at once)",
             _integer(0, 100_000)),
+    Setting("NEURON_DEVICE_TEAM_SLEEPS", False, "`0`", _FLAG,
+            "`1`: while your thread issues, the device's OpenMP workers sleep between parallel regions "
+            "(a held idle team makes libgomp spin briefly); `0`: libgomp's own spin", _flag),
     Setting("NEURON_PROFILER_SOURCES", False, "`0`", _FLAG,
             "`1`: fused launches' profiler ranges name their first and last source lines", _flag),
     Setting("NEURON_PROJECTION", False, "`0`", _FLAG,

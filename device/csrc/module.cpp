@@ -214,6 +214,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("placeholder_reads", &neuron::placeholder_reads, "host reads of projected values answered with a placeholder");
   m.def("set_executor_spin", &neuron::set_executor_spin, py::arg("microseconds"),
         "how long the device's thread watches its empty queue before it sleeps");
+  m.def("set_device_team_sleeps", &neuron::set_device_team_sleeps, py::arg("sleeps"),
+        "True: while the host issues, the device's OpenMP workers sleep between regions (a held idle team)");
   m.def("eager_issue_counts", &neuron::eager_issue_counts, "eager ops issued so far: (posted, waited for)");
   m.def("host_alias", &neuron::owning_host_alias, "a CPU tensor on a neuron tensor's bytes");
   m.def("adopt", &neuron::adopt_host_tensor, "a neuron tensor adopting a CPU tensor's bytes");

@@ -192,6 +192,7 @@ void set_handover_pause(double seconds);
 // what the guard protects and sleeps if it still has nothing to do. For the executor's thread.
 void spin_for_change(std::unique_lock<std::mutex>& guard, const std::atomic<uint64_t>& changes, uint64_t seen);
 void set_executor_spin(int64_t microseconds);  // NEURON_EXECUTOR_SPIN_US
+void set_device_team_sleeps(bool sleeps);  // NEURON_DEVICE_TEAM_SLEEPS
 // Frees the calling thread's OpenMP team, if it has one and no region is open (Note [The
 // device executor]: a host thread's idle team slows every region of the executor's).
 void release_host_thread_team();

@@ -286,15 +286,27 @@ _TEAMS_WHILE_BUSY = """
 """
 
 
+_NO_USER_POLICY = {"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread team")
-def test_while_the_host_issues_beside_a_device_team_filling_the_cores_idle_workers_sleep():
+def test_asked_to_while_the_host_issues_beside_a_device_team_filling_the_cores_idle_workers_sleep():
     # Note [The device's team sleeps between regions]: libgomp's workers spin ~3 ms after each
-    # region unless its threads outnumber the cores; a spinning worker took the host thread's
-    # core as it issued the next op. One more idle team is held beside the device's while the
-    # host issues, and let go with it.
-    out = run_json(_TEAMS_WHILE_BUSY, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    # region unless its threads outnumber the cores; a spinning worker can take the host
+    # thread's core as it issues the next op. With NEURON_DEVICE_TEAM_SLEEPS=1 one more idle
+    # team is held beside the device's while the host issues, and let go with it.
+    out = run_json(_TEAMS_WHILE_BUSY, env={**_NO_USER_POLICY, "NEURON_DEVICE_TEAM_SLEEPS": "1"})
     cores = out["cores"]
     assert out == {"cores": cores, "busy": (cores - 1) + 1, "after": 0}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread team")
+def test_by_default_the_devices_team_spins_as_libgomp_spins_and_no_idle_team_is_held():
+    # Note [The device's team sleeps between regions]: measured alone, a held team's wake per
+    # region cost the device more than its spinning worker cost the host.
+    out = run_json(_TEAMS_WHILE_BUSY, env={**_NO_USER_POLICY, "NEURON_DEVICE_TEAM_SLEEPS": None})
+    cores = out["cores"]
+    assert out == {"cores": cores, "busy": cores - 1, "after": 0}
 
 
 _HELD_WHILE_THE_HOST_WAITS = """
@@ -327,16 +339,17 @@ _HELD_WHILE_THE_HOST_WAITS = """
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no thread team")
-def test_while_the_host_waits_for_the_device_its_workers_spin_between_regions_again():
+def test_asked_to_sleep_while_the_host_waits_for_the_device_its_workers_spin_between_regions_again():
     # Note [The device's team sleeps between regions]: a host that waits needs no core, and a
     # futex wake per region costs the device more than a spinning worker costs anyone. The team
     # re-made after an idle moment (a host stall past 2 ms) follows the last window's verdict.
-    out = run_json(_HELD_WHILE_THE_HOST_WAITS, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    out = run_json(_HELD_WHILE_THE_HOST_WAITS, env={**_NO_USER_POLICY, "NEURON_DEVICE_TEAM_SLEEPS": "1"})
     assert out == {"held while issuing": True, "held while waiting (last half)": 0}
 
 
 def test_a_wait_policy_the_user_set_is_libgomps_to_apply_and_no_team_is_held():
-    out = run_json(_TEAMS_WHILE_BUSY, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": "passive"})
+    out = run_json(_TEAMS_WHILE_BUSY, env={"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": "passive",
+                                           "NEURON_DEVICE_TEAM_SLEEPS": "1"})
     cores = out["cores"]
     assert out == {"cores": cores, "busy": cores - 1, "after": 0}
 

@@ -23,6 +23,7 @@ BAD_VALUES = {
     "NEURON_SPEND_LAUNCH_OVERHEAD": ["abc", "-1", "2.5", "yes", "2"],
     "NEURON_ASYNC_LAUNCH": ["abc", "-1", "2.5", "2"],
     "NEURON_EXECUTOR_SPIN_US": ["-1", "100001", "fast"],
+    "NEURON_DEVICE_TEAM_SLEEPS": ["yes", "2", "true"],
     "NEURON_PROFILER_SOURCES": ["abc", "-1", "true"],
     "NEURON_PROJECTION": ["yes", "2", "true"],
     "NEURON_PLATFORM_TARGET_OVERRIDE": ["trn9", "abc"],

@@ -13,8 +13,8 @@
 // stops spinning between regions (its "throttled" spin), and every later region of every
 // team wakes its workers through the kernel: a 16x64 CPU matmul took 6 us before a neuron
 // backward and 120-145 us after it, in the same process, because autograd's device thread
-// kept a team. Kernels on one thread make one team, whose idle workers sleep rather than spin
-// (Note [The device's team sleeps between regions]); and the executor lets its team go when
+// kept a team. Kernels on one thread make one team (whose idle workers can be asked to sleep
+// rather than spin: Note [The device's team sleeps between regions]); and the executor lets its team go when
 // it has been idle a moment (Note [The executor's idle team]), so a process that stops
 // using the device gets its CPU kernels' speed back.
 #include "neuron.h"
@@ -121,24 +121,35 @@ void settle_released_teams() {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The executor's team has the host's thread count, which is the core count unless the user
 // set another. After each parallel region libgomp's workers spin for their next one, ~3 ms
-// by default: on a 2-core machine the executor's idle worker took the core the host thread
-// needed to issue the next op (a width-64 MLP training step: eager 1.7x and adaptive 2.3x
-// CPU's wall time, the host thread runnable a third of the time). libgomp spins only 100
-// pauses before it sleeps once the threads it manages outnumber the cores (OMP_WAIT_POLICY's
-// default), as they do on any machine where the user's thread has a team beside the device's.
-// So while the host keeps its thread busy (the host-bound regime: it issues, the device keeps
-// up), and the device's team with the host thread would want more cores than the process has,
-// a thread of ours keeps one more idle team (one worker, asleep): the process's teams wake
-// their workers through the kernel, and the host keeps its core (the same step: eager 1.2x).
-// Where the host waits for the device (big ops: a sync, a host read, an op that waits for its
-// own run) it needs no core, and a futex wake per region costs the device more than a
-// spinning worker costs anyone (a width-1024 MLP step took 1.8x as long with sleeping
-// workers): the held team is let go while the host waited for more than kWaitedSpins of the
-// last window (kWindow), and taken again when it waits less than kWaitedSleeps of one. It is
-// let go with the executor's team, too (Note [The executor's idle team]), so a process that
-// stops using the device gets the full spin back; the team made at the next job follows the
-// last window's verdict. Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and libgomp does what it
-// says: no team is held.
+// by default, and so the executor's idle worker can take the core the host thread needs to
+// issue the next op. libgomp spins only 100 pauses before it sleeps once the threads it
+// manages outnumber the cores (OMP_WAIT_POLICY's default). With NEURON_DEVICE_TEAM_SLEEPS=1,
+// while the host keeps its thread busy (the host-bound regime: it issues, the device keeps
+// up) and the device's team with the host thread would want more cores than the process has,
+// a thread of ours keeps one more idle team (one worker, asleep): the process's teams then
+// wake their workers through the kernel at every region, and the host keeps its core. Where
+// the host waits for the device (big ops: a sync, a host read, an op that waits for its own
+// run) it needs no core, and a futex wake per region costs the device more than a spinning
+// worker costs anyone: the held team is let go while the host waited for more than
+// kWaitedSpins of the last window (kWindow), and taken again when it waits less than
+// kWaitedSleeps of one. It is let go with the executor's team, too (Note [The executor's idle
+// team]); the team made at the next job follows the last window's verdict.
+//
+// Off by default: measured alone, the held team costs more than it saves. Its commit had
+// measured eager 2.03x -> 1.24x CPU's wall time on a width-64 MLP step, but that commit also
+// removed the parked team (workers held in a region of ours while the queue was empty), and
+// on 2026-12-07 (2-core AMD EPYC VM, bench/step_overhead.py, each mode in its own process,
+// modes interleaved, CPU 600 us at width 64 and 830 at 256) the held team alone read, held
+// against libgomp's own spin: width 64 eager 1,436 / 976 us a step, adaptive 892 / 791; width
+// 256 eager 2,163 / 1,106, adaptive 2,391 / 1,049; width 1024 eager 7,049 / 5,726, adaptive
+// 7,875 / 7,381 (5 rounds, medians); and in 6 alternated pairs of fresh processes, width 64
+// eager 1,100 / 898, adaptive 789 / 1,070 (held: 644-1,551), width 256 eager 2,100 / 1,220,
+// adaptive 2,373 / 1,113. On this machine a sleeping worker's wake costs tens of
+// microseconds per region, ~20 regions a step (MKL's sgemm, oneDNN's GELU, log_softmax). A
+// worker that never spins at all does best at width 64 (GOMP_SPINCOUNT=0: eager 620-650,
+// adaptive 580-710), worst at 256 (1,864 / 2,310), and slows the same process's CPU kernels
+// 3x; libgomp reads its spin once, at load, for every team, so that is the user's to choose.
+// Set OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and libgomp does what it says: no team is held.
 constexpr auto kWindow = std::chrono::milliseconds(20);
 constexpr double kWaitedSpins = 0.3;
 constexpr double kWaitedSleeps = 0.1;
@@ -159,17 +170,21 @@ bool wait_policy_set() {
   return std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr;
 }
 
+std::atomic<bool> g_team_sleeps{false};  // NEURON_DEVICE_TEAM_SLEEPS
+
 struct SleepingTeams {
   std::mutex lock;
   std::condition_variable changed;
   bool want = false;  // under lock
   bool started = false;
 
-  // Whether a team of `threads` beside the host thread wants more cores than the process has.
+  // Whether a team of `threads` beside the host thread wants more cores than the process has,
+  // and the user asked for its workers to sleep (NEURON_DEVICE_TEAM_SLEEPS=1).
   static bool needed(int threads) {
     static const bool policy = wait_policy_set();
     static const int cores = process_cores();
-    return !policy && threads > 1 && threads >= cores && gomp_parallel() != nullptr && omp_pause() != nullptr;
+    return g_team_sleeps.load(std::memory_order_relaxed) && !policy && threads > 1 && threads >= cores &&
+           gomp_parallel() != nullptr && omp_pause() != nullptr;
   }
 
   void hold(bool on) {
@@ -233,6 +248,8 @@ void cpu_relax() {
 }  // namespace
 
 void set_executor_spin(int64_t microseconds) { g_spin_us.store(microseconds); }
+
+void set_device_team_sleeps(bool sleeps) { g_team_sleeps.store(sleeps); }
 
 void spin_for_change(std::unique_lock<std::mutex>& guard, const std::atomic<uint64_t>& changes, uint64_t seen) {
   const auto budget = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
