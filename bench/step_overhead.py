@@ -15,17 +15,57 @@ detection): the table gives each mode's median ms for them and its ratio to eage
 
 `--after-backward` measures the other figure of issue 34 instead: a 16x64 @ 64x64 CPU matmul's
 median time before any neuron work and after one neuron backward, in one process.
+
+`--threads` adds, per width and mode, what each of the process's threads (by name: the user's
+`python`, autograd's `pt_autograd_N`, the device's `neuron_device` and its OpenMP workers, which
+take its name) spent over the timed steps: CPU µs a step (/proc's schedstat) and voluntary
+context switches a step (how often it blocked). The wall clock says how long a step took;
+these say which thread it waited for, and whether threads slept and woke or spun (a worker
+that spins never blocks, and its CPU time says so).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 
 MODES = ("cpu", "eager", "adaptive")
+
+
+def thread_times(task_dir: str = "/proc/self/task") -> dict[str, dict[str, float]]:
+    """CPU ns and voluntary context switches of the process's threads, summed by thread name
+    (with how many threads bear it). A thread that ends while it is read is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for tid in os.listdir(task_dir):
+        try:
+            with open(os.path.join(task_dir, tid, "comm")) as f:
+                name = f.read().strip()
+            with open(os.path.join(task_dir, tid, "schedstat")) as f:
+                cpu_ns = int(f.read().split()[0])
+            with open(os.path.join(task_dir, tid, "status")) as f:
+                switches = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (FileNotFoundError, ProcessLookupError):  # ended between the listing and the read
+            continue
+        entry = out.setdefault(name, {"cpu_ns": 0, "switches": 0, "threads": 0})
+        entry["cpu_ns"] += cpu_ns
+        entry["switches"] += switches
+        entry["threads"] += 1
+    return out
+
+
+def per_step(before: dict, after: dict, steps: int) -> dict[str, dict[str, float]]:
+    """What each name's threads spent a step between two thread_times() readings; a thread
+    made in between counts from zero (its whole life was inside the steps)."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {"cpu_ns": 0, "switches": 0})
+        out[name] = {"cpu_us": (a["cpu_ns"] - b["cpu_ns"]) / steps / 1e3,
+                     "switches": (a["switches"] - b["switches"]) / steps, "threads": a["threads"]}
+    return out
 
 
 def _child(mode: str, width: int, steps: int, first: bool = False) -> dict:
@@ -54,13 +94,14 @@ def _child(mode: str, width: int, steps: int, first: bool = False) -> dict:
     if device == "neuron":
         torch.neuron.synchronize()
         adaptive_eager.reset_stats()
+    threads_before = thread_times()
     start = time.perf_counter()
     for _ in range(timed):
         step()
     if device == "neuron":
         torch.neuron.synchronize()
     wall_us = (time.perf_counter() - start) / timed * 1e6
-    out = {"wall_us": wall_us}
+    out = {"wall_us": wall_us, "threads": per_step(threads_before, thread_times(), timed)}
     if device == "neuron":
         s = adaptive_eager.stats()
         out.update(device_us=s.device_time_us / timed, launches=s.launches / timed)
@@ -102,6 +143,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--first", type=int, metavar="N", help="time the first N steps of a fresh process")
     parser.add_argument("--after-backward", action="store_true")
+    parser.add_argument("--threads", action="store_true", help="also each thread's CPU time and blocking a step")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "WIDTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -132,6 +174,25 @@ def main() -> None:
             device = f"{statistics.median(r['device_us'] for r in rs):,.1f}" if mode != "cpu" else "-"
             launches = f"{statistics.median(r['launches'] for r in rs):.1f}" if mode != "cpu" else "-"
             print(f"| {width} | {mode} | {wall:,.0f} | {wall / cpu:.2f} | {device} | {launches} |")
+    if args.threads:
+        _print_threads(args, results)
+
+
+def _print_threads(args, results: dict) -> None:
+    print(f"\n| width | mode | thread (count) | CPU us/step | blocked/step |  ({args.rounds} rounds, medians)")
+    print("|---|---|---|---|---|")
+    for width in args.widths:
+        for mode in MODES:
+            rs = results[(width, mode)]
+            names = sorted({name for r in rs for name in r["threads"]})
+            for name in names:
+                seen = [r["threads"][name] for r in rs if name in r["threads"]]
+                cpu_us = statistics.median(t["cpu_us"] for t in seen)
+                if cpu_us < 1:
+                    continue  # asleep throughout (the interpreter's helpers, an idle pool)
+                switches = statistics.median(t["switches"] for t in seen)
+                count = max(t["threads"] for t in seen)
+                print(f"| {width} | {mode} | {name} ({count}) | {cpu_us:,.0f} | {switches:.1f} |")
 
 
 def _print_first(args, results: dict) -> None:

@@ -1,0 +1,39 @@
+"""bench/step_overhead.py --threads reads each thread's CPU time and blocking from /proc: what
+it sums, and what it leaves out (a thread that ends as it is read)."""
+import importlib.util
+import pathlib
+
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "step_overhead.py"
+_spec = importlib.util.spec_from_file_location("step_overhead", _PATH)
+step_overhead = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_overhead)
+
+
+def _thread(task_dir, tid, name, cpu_ns, switches, schedstat=True):
+    d = task_dir / str(tid)
+    d.mkdir()
+    (d / "comm").write_text(name + "\n")
+    if schedstat:
+        (d / "schedstat").write_text(f"{cpu_ns} 1234 56\n")
+    (d / "status").write_text(f"Name:\t{name}\nvoluntary_ctxt_switches:\t{switches}\nnonvoluntary_ctxt_switches:\t9\n")
+
+
+def test_threads_of_one_name_are_summed_and_a_thread_ending_as_it_is_read_is_left_out(tmp_path):
+    _thread(tmp_path, 10, "python", 5_000, 3)
+    _thread(tmp_path, 11, "neuron_device", 7_000, 1)
+    _thread(tmp_path, 12, "neuron_device", 2_000, 40)  # its OpenMP worker takes its name
+    _thread(tmp_path, 13, "pt_autograd_0", 100, 2, schedstat=False)  # gone before its schedstat was read
+    assert step_overhead.thread_times(str(tmp_path)) == {
+        "python": {"cpu_ns": 5_000, "switches": 3, "threads": 1},
+        "neuron_device": {"cpu_ns": 9_000, "switches": 41, "threads": 2},
+    }
+
+
+def test_per_step_figures_are_the_difference_over_the_steps_and_a_new_thread_counts_from_zero():
+    before = {"python": {"cpu_ns": 1_000_000, "switches": 10, "threads": 1}}
+    after = {"python": {"cpu_ns": 3_000_000, "switches": 30, "threads": 1},
+             "neuron_device": {"cpu_ns": 400_000, "switches": 4, "threads": 2}}
+    assert step_overhead.per_step(before, after, steps=10) == {
+        "python": {"cpu_us": 200.0, "switches": 2.0, "threads": 1},
+        "neuron_device": {"cpu_us": 40.0, "switches": 0.4, "threads": 2},
+    }
