@@ -14,9 +14,9 @@
 // team wakes its workers through the kernel: a 16x64 CPU matmul took 6 us before a neuron
 // backward and 120-145 us after it, in the same process, because autograd's device thread
 // kept a team. Kernels on one thread make one team (whose idle workers can be asked to sleep
-// rather than spin: Note [The device's team sleeps between regions]); and the executor lets its team go when
-// it has been idle a moment (Note [The executor's idle team]), so a process that stops
-// using the device gets its CPU kernels' speed back.
+// rather than spin: Note [The device's team sleeps between regions]); and the executor lets
+// its team go when it has been idle a moment (Note [The executor's idle team]), so a process
+// that stops using the device gets its CPU kernels' speed back.
 #include "neuron.h"
 
 #include <ATen/Parallel.h>
