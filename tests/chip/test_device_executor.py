@@ -264,6 +264,28 @@ def test_a_cpu_matmul_keeps_its_speed_after_a_neuron_backward():
     assert min(ratios) < 2.0, f"after a neuron backward / before, per process: {ratios}"
 
 
+_WAKES_WHILE_WAITING = """
+    import threading, torch
+    from adaptive_eager.device import native
+    def blocked():  # the times this thread has slept and been woken
+        with open(f"/proc/self/task/{threading.get_native_id()}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+    torch.ones(1, device="neuron").item()  # the device's thread is up
+    for _ in range(100):
+        native.sleep_on_device(0.002)  # 100 jobs, each longer than a wake takes
+    before = blocked()
+    torch.neuron.synchronize()
+    emit({"blocked": blocked() - before})
+"""
+
+
+def test_a_host_waiting_for_the_device_is_woken_when_its_job_has_run_not_at_every_job():
+    # Note [Waiters are woken when their job has run]: a notify after every job woke the
+    # waiting host once per job the device ran (100 here), to sleep again.
+    out = run_json(_WAKES_WHILE_WAITING)
+    assert out["blocked"] <= 5, out
+
+
 _TEAMS_WHILE_BUSY = """
     import os, time, torch
     cores = len(os.sched_getaffinity(0))
