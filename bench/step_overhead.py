@@ -36,10 +36,10 @@ import time
 MODES = ("cpu", "eager", "adaptive")
 
 
-def thread_times(task_dir: str = "/proc/self/task") -> dict[str, dict[str, float]]:
-    """CPU ns and voluntary context switches of the process's threads, summed by thread name
-    (with how many threads bear it). A thread that ends while it is read is left out."""
-    out: dict[str, dict[str, float]] = {}
+def thread_times(task_dir: str = "/proc/self/task") -> dict[int, tuple[str, int, int]]:
+    """Each of the process's threads: (name, CPU ns, voluntary context switches), by thread id.
+    A thread that ends while it is read is left out."""
+    out = {}
     for tid in os.listdir(task_dir):
         try:
             with open(os.path.join(task_dir, tid, "comm")) as f:
@@ -50,21 +50,23 @@ def thread_times(task_dir: str = "/proc/self/task") -> dict[str, dict[str, float
                 switches = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
         except (FileNotFoundError, ProcessLookupError):  # ended between the listing and the read
             continue
-        entry = out.setdefault(name, {"cpu_ns": 0, "switches": 0, "threads": 0})
-        entry["cpu_ns"] += cpu_ns
-        entry["switches"] += switches
-        entry["threads"] += 1
+        out[int(tid)] = (name, cpu_ns, switches)
     return out
 
 
 def per_step(before: dict, after: dict, steps: int) -> dict[str, dict[str, float]]:
-    """What each name's threads spent a step between two thread_times() readings; a thread
-    made in between counts from zero (its whole life was inside the steps)."""
-    out = {}
-    for name, a in after.items():
-        b = before.get(name, {"cpu_ns": 0, "switches": 0})
-        out[name] = {"cpu_us": (a["cpu_ns"] - b["cpu_ns"]) / steps / 1e3,
-                     "switches": (a["switches"] - b["switches"]) / steps, "threads": a["threads"]}
+    """What the threads of each name spent a step between two thread_times() readings, summed
+    by name (the device's OpenMP workers take its thread's name). Each thread's own difference
+    first: a thread made in between counts from zero, and one that ended in between is left
+    out (its time in the steps with it; summing by name before the difference took its whole
+    life off the others': the device's team, let go and made again, read near zero)."""
+    out: dict[str, dict[str, float]] = {}
+    for tid, (name, cpu_ns, switches) in after.items():
+        _, cpu_before, switches_before = before.get(tid, (name, 0, 0))
+        entry = out.setdefault(name, {"cpu_us": 0.0, "switches": 0.0, "threads": 0})
+        entry["cpu_us"] += (cpu_ns - cpu_before) / steps / 1e3
+        entry["switches"] += (switches - switches_before) / steps
+        entry["threads"] += 1
     return out
 
 

@@ -18,21 +18,20 @@ def _thread(task_dir, tid, name, cpu_ns, switches, schedstat=True):
     (d / "status").write_text(f"Name:\t{name}\nvoluntary_ctxt_switches:\t{switches}\nnonvoluntary_ctxt_switches:\t9\n")
 
 
-def test_threads_of_one_name_are_summed_and_a_thread_ending_as_it_is_read_is_left_out(tmp_path):
+def test_each_thread_is_read_by_id_and_a_thread_ending_as_it_is_read_is_left_out(tmp_path):
     _thread(tmp_path, 10, "python", 5_000, 3)
     _thread(tmp_path, 11, "neuron_device", 7_000, 1)
     _thread(tmp_path, 12, "neuron_device", 2_000, 40)  # its OpenMP worker takes its name
     _thread(tmp_path, 13, "pt_autograd_0", 100, 2, schedstat=False)  # gone before its schedstat was read
     assert step_overhead.thread_times(str(tmp_path)) == {
-        "python": {"cpu_ns": 5_000, "switches": 3, "threads": 1},
-        "neuron_device": {"cpu_ns": 9_000, "switches": 41, "threads": 2},
-    }
+        10: ("python", 5_000, 3), 11: ("neuron_device", 7_000, 1), 12: ("neuron_device", 2_000, 40)}
 
 
-def test_per_step_figures_are_the_difference_over_the_steps_and_a_new_thread_counts_from_zero():
-    before = {"python": {"cpu_ns": 1_000_000, "switches": 10, "threads": 1}}
-    after = {"python": {"cpu_ns": 3_000_000, "switches": 30, "threads": 1},
-             "neuron_device": {"cpu_ns": 400_000, "switches": 4, "threads": 2}}
+def test_per_step_figures_are_each_threads_difference_summed_by_name():
+    before = {10: ("python", 1_000_000, 10), 11: ("neuron_device", 500_000, 0),
+              12: ("neuron_device", 9_000_000, 5)}  # a worker of a team let go before `after`
+    after = {10: ("python", 3_000_000, 30), 11: ("neuron_device", 800_000, 1),
+             14: ("neuron_device", 100_000, 3)}  # the team's worker made again: from zero
     assert step_overhead.per_step(before, after, steps=10) == {
         "python": {"cpu_us": 200.0, "switches": 2.0, "threads": 1},
         "neuron_device": {"cpu_us": 40.0, "switches": 0.4, "threads": 2},
