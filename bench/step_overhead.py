@@ -165,6 +165,8 @@ def main() -> None:
                 results.setdefault((width, mode), []).append(r)
     if args.first:
         _print_first(args, results)
+        if args.threads:
+            _print_threads(args, results)
         return
     print(f"| width | mode | wall us/step | vs CPU | device us/step | launches/step |  ({args.rounds} rounds, medians)")
     print("|---|---|---|---|---|---|")
