@@ -36,3 +36,16 @@ def test_per_step_figures_are_each_threads_difference_summed_by_name():
         "python": {"cpu_us": 200.0, "switches": 2.0, "threads": 1},
         "neuron_device": {"cpu_us": 40.0, "switches": 0.4, "threads": 2},
     }
+
+
+def test_the_first_steps_table_gives_the_first_step_and_the_rest_apart_with_the_rests_ratio_to_eager():
+    def run(first_step_ms, rest_ms):
+        return {"wall_us": (first_step_ms + rest_ms) / 30 * 1e3, "first_step_ms": first_step_ms, "rest_ms": rest_ms}
+
+    results = {(64, "cpu"): [run(10.0, 20.0)],
+               (64, "eager"): [run(40.0, 20.0), run(60.0, 24.0), run(50.0, 22.0)],  # medians 50 and 22
+               (64, "adaptive"): [run(45.0, 33.0)]}
+    lines = step_overhead.first_steps_table(30, [64], results)
+    assert lines[0].startswith("| width | mode | wall ms, first 30 steps |") and "steps 1-29 ms" in lines[0]
+    assert lines[3] == "| 64 | eager | 72.0 | 1.00 | 2.40 | 50.0 | 22.0 | 1.00 |"  # median of each column on its own
+    assert lines[4] == "| 64 | adaptive | 78.0 | 1.08 | 2.60 | 45.0 | 33.0 | 1.50 |"
