@@ -1,5 +1,6 @@
 """bench/step_overhead.py --threads reads each thread's CPU time and blocking from /proc: what
-it sums, and what it leaves out (a thread that ends as it is read)."""
+it sums, and what it leaves out (a thread that ends as it is read); and --first's table, which
+gives the first step and the rest apart."""
 import importlib.util
 import pathlib
 
