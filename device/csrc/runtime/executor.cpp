@@ -412,7 +412,7 @@ struct Executor {
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // The executor used to notify `ran` after every job, and a condition variable's waiter is
   // woken by each notify, to find its job not yet run and sleep again: a host waiting for room
-  // in a full queue (4,096 jobs) or for a sync was woken once per job the device ran. In eager
+  // in a full queue (8,192 jobs) or for a sync was woken once per job the device ran. In eager
   // mode's width-64 MLP step (device-bound: the host fills the queue and waits) the user's
   // thread blocked ~14 times a step, each wake a system call on the device's thread and a
   // context switch on the host's, whose cores the device's kernels share. Each waiter's ticket
