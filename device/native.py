@@ -62,6 +62,7 @@ set_projection = _C.set_projection
 projection_enabled = _C.projection_enabled
 is_projected = _C.is_projected
 bytes_holders = _C.bytes_holders  # tests: Note [Shares count their holders in one step]
+has_bytes = _C.has_bytes  # tests: Note [A deferred output's address waits for its bytes]
 placeholder_reads = _C.placeholder_reads
 adopt_meta = _C.adopt_meta
 forget_values = _C.forget_values

@@ -412,13 +412,47 @@ c10::Storage share_block(const Block& block, size_t nbytes) {
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
+// Note [A deferred output's address waits for its bytes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A deferred output has no bytes until its op runs, so until then its address is null.
+// `tensor.data_ptr()` read that null, as 0, with no error: two values not made yet had the same
+// address, and code that tells tensors apart by address (tied weights, shared storages, an
+// HBM tensor's key) took them for one. On CUDA the address exists at issue; here it exists
+// once the device has made the value. So the first time anyone asks for the storage's mutable
+// pointer (`Tensor.data_ptr()`, `mutable_data_ptr()`, c10's materialization hook: StorageImpl
+// calls it before handing out a mutable pointer, then clears it), the host waits for the value
+// as a host read does, and gets its address, or the error of the op that was to make it. Asked
+// again, the value is there, and the hook is gone: no check on any later access. Kernels never
+// ask for it: the executor runs them on host aliases of the bytes, which are other storages;
+// should the executor itself reach it, it cannot wait for itself, and the address stays as it
+// is. The hook reads the pointer under the storage's lock, which fill_deferred holds while it
+// writes it: c10 clears the hook after it returns, once the executor is done with the storage.
+// Not for `untyped_storage().data_ptr()`: torch's binding tests the const pointer first and
+// raises "invalid python storage" for a value not made yet, before asking for the mutable one.
+void wait_for_bytes(c10::StorageImpl* storage) {
+  DeferredStorage* deferred = as_deferred(storage);
+  const auto made = [&] {
+    const std::lock_guard<std::mutex> guard(deferred->lock);  // fill_deferred writes it under the lock
+    return deferred->data() != nullptr || deferred->nbytes() == 0;
+  };
+  if (made() || on_device_thread()) {
+    return;
+  }
+  sync_before_host_access("address of a value not made yet");
+  if (!made()) {
+    raise_failure();  // the op that was to make it failed: its error, as a host read raises it
+  }
+}
+
 }  // namespace
 
 c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes) {
   // Resizable through the neuron allocator, as any neuron storage is.
-  return c10::Storage(c10::make_intrusive<DeferredStorage>(c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(nbytes),
-                                                           deferred_bytes(d, nbytes), c10::GetAllocator(kNeuron),
-                                                           /*resizable=*/true));
+  auto storage = c10::make_intrusive<DeferredStorage>(c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(nbytes),
+                                                      deferred_bytes(d, nbytes), c10::GetAllocator(kNeuron),
+                                                      /*resizable=*/true);
+  storage->set_materializer(&wait_for_bytes);  // Note [A deferred output's address waits for its bytes]
+  return c10::Storage(std::move(storage));
 }
 
 bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes) {
