@@ -109,3 +109,29 @@ def test_python_numbers_passed_as_tensors_keep_their_value_and_type_when_ops_sha
     assert all(a.dtype == b.dtype and torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())
                for a, b in zip(cpu, neuron))
     assert neuron[0].dtype == torch.int64 and neuron[1].dtype == torch.float32
+
+
+def test_a_deferred_outputs_data_ptr_mid_step_is_its_own_and_the_step_keeps_eagers_values():
+    # Note [A deferred output's address waits for its bytes]: in a matched trace the outputs are
+    # deferred; asking for an address launches what is queued (a sync point) and answers it.
+    from adaptive_eager.device import native
+
+    adaptive_eager.set_mode("adaptive")
+    native.set_streamed_launches(False)  # submitted whole: c cannot have run when it is looked at
+    try:
+        x = torch.arange(6.0, device=NEURON)
+        for i in range(10):
+            a = x + i
+            b = a * 2
+            c = b - 3
+            if i == 9:
+                assert not native.has_bytes(c)  # matched: deferred, not made
+                addresses = {a.data_ptr(), b.data_ptr(), c.data_ptr()}
+                assert 0 not in addresses and len(addresses) == 3
+                assert native.has_bytes(c)
+            d = c / 4
+    finally:
+        native.set_streamed_launches(True)
+    assert torch.equal(d.cpu(), ((torch.arange(6.0) + 9) * 2 - 3) / 4)
+    assert torch.equal(c.cpu(), (torch.arange(6.0) + 9) * 2 - 3)
+    assert adaptive_eager.stats().fused_launches > 0
