@@ -12,8 +12,8 @@ so `import torch` never pays for them.
 
 Inductor's generated kernels read data pointers the adaptive engine knows nothing of, so a
 compiled graph is a sync point, as with backend='neuron' (compile_backend.py): its call
-first runs what the engine holds back (a deferred input has no bytes yet), and its own ops
-bypass the engine, so that every buffer a kernel reads has its bytes when the kernel runs.
+first runs what the engine holds back (a deferred input's value is not made yet), and its own
+ops bypass the engine, so that every buffer a kernel reads holds its value when the kernel runs.
 The graph's ATen calls are launches as eager ops are, and so is each kernel inductor
 generates: Note [Inductor kernels on the clock].
 """

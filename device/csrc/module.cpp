@@ -211,10 +211,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether a neuron tensor carries no bytes (made in projection mode)");
   m.def("bytes_holders", [](const at::Tensor& t) { return neuron::bytes_holders(t.storage()); },
         "how many storages hold a neuron tensor's bytes as the device counts them (0: none; -1: not counted): for tests");
-  // The const pointer: data_ptr() would wait for the bytes (Note [A deferred output's address waits for its bytes]).
-  m.def("has_bytes", [](const at::Tensor& t) { return !t.has_storage() || t.storage().data() != nullptr || t.storage().nbytes() == 0; },
-        "whether a neuron tensor's value has its bytes, without waiting for them (False: an op's output not made "
-        "yet, or whose op failed): for tests");
+  m.def("has_bytes", [](const at::Tensor& t) { return !t.has_storage() || neuron::value_made(t.storage()); },
+        "whether a neuron tensor's value is made, without waiting for it (False: an op's output the device has "
+        "not made yet, or whose op failed): for tests");
+  m.def("output_bytes_counts", [] { return std::make_pair(neuron::steered_allocations(), neuron::rehomed_outputs()); },
+        "(results a kernel allocated in their output's bytes, outputs given new bytes because an allocation kept "
+        "theirs) since start: Note [A kernel's results are made in their outputs' bytes]; for tests");
   m.def("placeholder_reads", &neuron::placeholder_reads, "host reads of projected values answered with a placeholder");
   m.def("set_executor_spin", &neuron::set_executor_spin, py::arg("microseconds"),
         "how long the device's thread watches its empty queue before it sleeps");

@@ -80,16 +80,46 @@ struct ChargeScope {
   ChargeScope& operator=(const ChargeScope&) = delete;
 };
 bool charges_new_results();  // false inside a ChargeScope
-// A deferred output's DataPtr: no bytes yet, nbytes charged to d from now until it dies.
+// A deferred output's DataPtr: its bytes, not made yet, nbytes charged to d from now until it
+// dies (Note [A deferred output's bytes exist at issue], memory.cpp).
 c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes);
+// Whether a neuron storage holds its value: false while the op that makes it is queued, and
+// for good if that op failed.
+bool value_made(const c10::Storage& storage);
 // Note [The device holds no caller's storage] (memory.cpp): a deferred output's storage, on
 // deferred_bytes, which the executor reaches through a weak reference alone.
 c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes);
-// Gives a deferred_storage (kept allocated by a weak reference its caller holds) its bytes and
-// their size, with its charge; false, bytes left with the caller, if its holders let it go.
-bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes);
+// A deferred output's bytes, offered to its op's kernel as a CPU allocation (Note [A kernel's
+// results are made in their outputs' bytes]): one holder more; none if let go or made.
+struct ReservedBytes {
+  c10::DataPtr share;
+  size_t nbytes = 0;
+  const void* data = nullptr;
+  bool offered = false;  // an allocation of its size reached it (output_steering.cpp)
+};
+ReservedBytes reserved_for_kernel(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage);
+// output_steering.cpp: Note [A kernel's results are made in their outputs' bytes]. While one
+// lives, this thread's CPU allocations of a reserved size are offered the outputs' bytes.
+class OutputSteering {
+ public:
+  explicit OutputSteering(std::vector<ReservedBytes>* reserved);
+  ~OutputSteering();
+  OutputSteering(const OutputSteering&) = delete;
+  OutputSteering& operator=(const OutputSteering&) = delete;
+
+ private:
+  std::vector<ReservedBytes>* previous_;
+};
+void install_output_steering();  // once, at install: wraps the CPU allocator
+int64_t steered_allocations();  // allocations made in an output's bytes, since start
+// Writes a deferred_storage's value: `made` (its op's result, in its layout), in place if the
+// kernel made it in the storage's bytes, else copied there; and, if asked, a share of them
+// (as share_if_computed). Nothing, and no share, if its holders let it go.
+c10::Storage fill_deferred(c10::StorageImpl* storage, const c10::Storage& made, bool share);
+// Outputs whose bytes a kernel's allocation kept past the kernel, given bytes of their own.
+int64_t rehomed_outputs();
 // A share of a storage's bytes (as share_bytes) through a weak reference, or none: let go, or
-// no bytes yet. A deferred_storage's use count stays its holders'. Only for a deferred_storage.
+// not made yet. A deferred_storage's use count stays its holders'. Only for a deferred_storage.
 c10::Storage share_if_computed(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage);
 // A neuron DataPtr adopting a CPU storage's bytes, zero-copy. new_result: an op's new result,
 // charged unless in a ChargeScope; else (new bytes of an existing storage) always charged.
@@ -110,10 +140,8 @@ void project_in_place(const c10::Storage& storage, size_t nbytes, bool grown);
 // Host reads of projected values answered with a placeholder (0, zeros) so far (kernels.cpp,
 // Note [Host reads in projection mode]).
 int64_t placeholder_reads();
-// Whether ptr is the device's own, with no charge of its own (so it can take a placeholder's).
+// Whether ptr is the device's own, with no charge of its own: a launch's own allocation.
 bool uncharged_bytes(const c10::DataPtr& ptr);
-// bytes, uncharged, take placeholder's charge (then the placeholder's death releases nothing).
-void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes);
 // A new storage holding storage's bytes, charged nothing: what a queued op or a launch keeps
 // of a value (Note [Queued arguments count no references]). Its holder's charge stays theirs.
 c10::Storage share_bytes(const c10::Storage& storage);

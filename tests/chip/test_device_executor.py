@@ -136,9 +136,10 @@ def test_a_queued_ops_share_of_a_tensors_bytes_is_counted_by_the_device(made):
         assert torch.equal(source.cpu(), torch.arange(4.0))  # the original DataPtr's owner keeps its bytes
 
 
-def test_a_posted_outputs_data_ptr_is_its_own_address_waiting_for_the_device_not_0():
-    # Note [A deferred output's address waits for its bytes]: data_ptr() read 0 for every value
-    # not made yet, so two of them had one address.
+def test_a_posted_outputs_address_is_its_own_at_issue_and_its_value_is_made_there_as_on_cuda():
+    # Note [A deferred output's bytes exist at issue]: data_ptr() read 0 for every value not
+    # made yet (two of them had one address), then waited for the device; its storage's
+    # data_ptr() raised "invalid python storage" (safetensors' storage_ptr, torch.save).
     torch.arange(6.0, device="neuron") * 2  # their first calls run while the caller waits; the next ones are posted
     torch.neuron.synchronize()
     native.sleep_on_device(0.3)
@@ -146,42 +147,66 @@ def test_a_posted_outputs_data_ptr_is_its_own_address_waiting_for_the_device_not
     y = x * 2
     assert not native.device_idle() and not native.has_bytes(x)  # neither has run
     address = x.data_ptr()
-    assert native.device_idle()  # asking for the address waited for the device, as a host read does
     assert address != 0 and x.untyped_storage().data_ptr() == address
-    assert y.data_ptr() not in (0, address)
+    assert y.data_ptr() not in (0, address) and y.untyped_storage().data_ptr() == y.data_ptr()
+    assert not native.device_idle() and not native.has_bytes(y)  # nothing waited for the device
     assert torch.equal(y.cpu(), torch.arange(6.0) * 2)
-    assert x.data_ptr() == address  # the same bytes, asked again
+    assert x.data_ptr() == address and native.has_bytes(x)  # made in the bytes it was handed out with
 
 
-def test_the_data_ptr_of_a_value_whose_op_failed_raises_the_ops_error():
+def test_a_failed_ops_output_keeps_its_address_and_reading_it_raises_the_ops_error():
     table = torch.arange(12.0, device="neuron").reshape(4, 3)
     torch.index_select(table, 0, torch.tensor([0, 3], device="neuron"))  # learns its outputs: the next call is posted
     torch.neuron.synchronize()
     out = torch.index_select(table, 0, torch.tensor([0, 7], device="neuron"))
+    assert out.data_ptr() != 0  # an address, as CUDA gives one: the error waits for a sync
     with pytest.raises(IndexError, match=r"index out of range[\s\S]*aten::index_select"):
-        out.data_ptr()  # no address to give: the value was never made
-    with pytest.raises(IndexError):  # asked again, the same answer, not 0
-        out.data_ptr()
+        torch.neuron.synchronize()
+    assert not native.has_bytes(out)  # never made
+    with pytest.raises(IndexError, match=r"index out of range"):  # read, the op's error, not the bytes
+        out.cpu()
     torch.neuron.synchronize()  # the error was raised: the next sync is clean
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation: a posted op's output gets its bytes only when the device runs it, so asking for its "
-    "address waits for the device (Note [A deferred output's address waits for its bytes]), and its storage's "
-    "data_ptr() raises 'invalid python storage' until then (safetensors' storage_ptr reads it): torch's binding "
-    "tests the pointer before asking for it. CUDA has the address at issue. Bytes at issue wait for "
-    "stream-ordered reuse of freed bytes, without which a queue the host runs ahead of holds every queued "
-    "output's bytes (eager width-256 MLP: thousands of jobs queued, 10-19% slower steps)"))
-def test_an_eager_ops_output_has_its_address_at_issue_as_on_cuda():
-    """A posted op hands out its output with its bytes' address, as CUDA does: its storage's
-    data_ptr() (safetensors' storage_ptr) is the tensor's before the device has computed it."""
-    torch.arange(6.0, device="neuron") * 2  # their first calls run while the caller waits; the next ones are posted
+def test_a_posted_ops_result_is_made_in_its_outputs_bytes_with_no_copy():
+    # Note [A kernel's results are made in their outputs' bytes]: the kernel's allocation of its
+    # result is handed the bytes its output was given at issue.
+    torch.manual_seed(0)
+    w = torch.randn(32, 32)
+    x = w.to("neuron")
+    x @ x  # its first call runs while the caller waits; the next ones are posted
     torch.neuron.synchronize()
-    native.sleep_on_device(0.3)
-    x = torch.arange(6.0, device="neuron")
-    assert not native.device_idle()  # it has not run
-    assert x.untyped_storage().data_ptr() != 0
-    assert not native.device_idle()  # nor waited for
+    steered, rehomed = native.output_bytes_counts()
+    native.sleep_on_device(0.2)
+    kept = [x @ x for _ in range(10)]
+    addresses = [t.data_ptr() for t in kept]
+    assert not native.device_idle()  # issued ahead of the device, each with its address
+    torch.neuron.synchronize()
+    assert native.output_bytes_counts() == (steered + 10, rehomed)
+    assert [t.data_ptr() for t in kept] == addresses
+    assert all(torch.equal(t.cpu(), w @ w) for t in kept)
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def test_outputs_the_host_drops_before_their_op_runs_give_their_bytes_back_at_once():
+    # Note [A deferred output's bytes exist at issue]: a host far ahead of the device holds what
+    # eager mode holds, not the bytes of every queued op's output.
+    x = torch.ones(1 << 20).to("neuron")  # 4 MiB
+    x * 2  # learns its plan: the next calls are posted
+    torch.neuron.synchronize()
+    before = _resident_mib()
+    native.sleep_on_device(0.5)
+    for i in range(100):
+        y = x * i  # 4 MiB each, dropped at the next iteration
+    grown = _resident_mib() - before
+    assert not native.device_idle()  # all of it issued while the device slept
+    torch.neuron.synchronize()
+    assert grown < 100, f"{grown:.0f} MiB held for 100 dropped outputs of 4 MiB"
+    assert torch.equal(y.cpu(), torch.full((1 << 20,), 99.0))
 
 
 def test_a_host_issuing_past_8192_queued_ops_waits_for_room_as_a_cuda_launch_does():

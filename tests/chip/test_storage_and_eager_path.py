@@ -90,13 +90,10 @@ def test_torch_save_keeps_views_sharing_their_storage():
     assert on_host["base"].device.type == "cpu" and torch.equal(on_host["view"], torch.tensor([2, 3, 4.0]))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "known bug: a value the device has not made yet (an op's output still queued, in either mode) has no bytes, "
-    "and torch.save's persistent_id reads its storage's data_ptr(), which torch's binding refuses for a null "
-    "pointer ('invalid python storage') before any hook of ours runs; tensor.data_ptr() waits for the bytes "
-    "(Note [A deferred output's address waits for its bytes]). The fix is bytes at issue: "
-    "test_device_executor's test_an_eager_ops_output_has_its_address_at_issue_as_on_cuda"))
 def test_torch_save_of_a_value_the_device_has_not_made_yet_saves_its_value():
+    # torch.save's persistent_id reads the storage's data_ptr(), which torch's binding refused
+    # ('invalid python storage') while a queued op's output had no bytes (Note [A deferred
+    # output's bytes exist at issue]).
     from adaptive_eager.device import native
 
     with adaptive_eager.mode("eager"):

@@ -176,10 +176,15 @@ const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, c10::opt
   sync_before_host_access();  // queued ops hold the old bytes' geometry; they run first
   const c10::DeviceGuard guard(self.device());
   const c10::Storage& storage = self.storage();
+  const size_t needed = static_cast<size_t>(c10::multiply_integers(size) + self.storage_offset()) * self.dtype().itemsize();
+  if (needed > storage.nbytes()) {
+    // Grown, its values are copied into new bytes, which read as made: a value whose op failed
+    // raises that op's error instead (Note [A deferred output's bytes exist at issue]).
+    check_computed(storage);
+  }
   if (is_projected(storage) || (projection_enabled() && storage.nbytes() > 0)) {
     // CPU's resize copies the old bytes into the new ones: projected bytes are grown here,
     // without a copy, and charged as the allocator would (Note [Projected bytes]).
-    const size_t needed = static_cast<size_t>(c10::multiply_integers(size) + self.storage_offset()) * self.dtype().itemsize();
     if (needed > storage.nbytes()) {
       project_in_place(storage, needed, /*grown=*/true);
     }
@@ -219,7 +224,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       }
       return dst;
     }
-  } else if (src_neuron || bytes_shared(dst.storage()) || (dst.storage().data() == nullptr && dst.storage().nbytes() > 0)) {
+  } else if (src_neuron || bytes_shared(dst.storage()) || !value_made(dst.storage())) {
     // A transfer reads or writes device memory now: what is queued runs first. A copy into
     // bytes only dst holds (`.to('neuron')` right after its allocation), or into no bytes at
     // all (`torch.tensor([], device='neuron')`, as HF's DynamicCache makes per layer and

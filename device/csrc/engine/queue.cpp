@@ -7,24 +7,26 @@
 //     `p.data = ...` of the caller's tensor cannot redirect it, as a launched kernel holds raw
 //     pointers; each CPU tensor it does not write as a snapshot (host data is read at issue).
 //   - Each new output is a neuron tensor handed out at once, with the geometry the engine's
-//     trace promises and a storage of that many bytes whose memory does not exist yet.
+//     trace promises and a storage of that many bytes, its value not made yet (Note [A
+//     deferred output's bytes exist at issue] in memory.cpp).
 //     In-place and out= outputs are the very inputs, as in eager mode.
 //   - The launch runs the queue in order, each op through the eager path (the same CPU
-//     kernels, so the same bits), and moves each new result's bytes into the storage handed
-//     out for it: zero-copy when the geometry agrees, a copy otherwise. Memory is charged
+//     kernels, so the same bits), and writes each new result into the storage handed out
+//     for it: in place when the kernel made it there, a copy otherwise. Memory is charged
 //     when the output is handed out, at issue, and released when the last holder of its
 //     storage lets go, as in eager mode (Note [Deferred outputs are charged at issue] in
 //     memory.cpp): peak memory and out-of-memory errors are eager's. An output nobody holds
 //     any more is dropped as soon as its op has run.
 //   - A host read (a copy to the host, `item()`, a Python kernel's host alias, resize_,
 //     set_) first runs the host sync, which launches the queue. A value whose launch failed
-//     never gets bytes: reading it raises the launch's error (check_computed).
+//     is never made: reading it raises the launch's error (check_computed).
 // One queue for the process: the engine defers only the ops of one trace, on one device, and
 // launches them before it defers anything else.
 #include "engine/launch.h"
 #include "neuron.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -32,6 +34,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -268,7 +271,7 @@ IValue capture(const IValue& v, bool written, Launch& launch, Entry& entry, size
     if (t.device().type() == kNeuron) {
       const c10::Storage& storage = t.storage();
       std::unique_lock<std::mutex> handoff(g_handoff.lock);
-      if (storage.data() == nullptr && storage.nbytes() > 0) {  // made by an op still queued
+      if (!value_made(storage)) {  // made by an op still queued (or failed)
         c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
         ++g_handoff.readers[impl];
         entry.pending.push_back(PendingArg{arg, element, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()),
@@ -363,9 +366,12 @@ void release_pending(Entry& entry) {
 }
 
 at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
-  // No bytes yet (Note [Deferred launches]), but charged from now on (Note [Deferred outputs
-  // are charged at issue] in memory.cpp).
-  c10::Storage storage = deferred_storage(d, static_cast<size_t>(s.nbytes));
+  // Its bytes from now on, charged, its value made when its op runs (Note [A deferred output's
+  // bytes exist at issue] in memory.cpp). Never fewer bytes than its view reaches: the value
+  // is written in them.
+  const size_t reached = at::detail::computeStorageNbytes(s.sizes, s.strides, c10::elementSize(s.dtype),
+                                                          static_cast<size_t>(s.offset));
+  c10::Storage storage = deferred_storage(d, std::max(static_cast<size_t>(s.nbytes), reached));
   entry.outputs.push_back(c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                     c10::scalarTypeToTypeMeta(s.dtype));
@@ -374,7 +380,7 @@ at::Tensor lazy_output(const OutputSpec& s, c10::DeviceIndex d, Entry& entry) {
 }
 
 // The launch made `result` for an output handed out as `spec`: its bytes in spec's layout, on
-// a storage of the executor's own, uncharged (its output's placeholder hands its charge over).
+// a storage of the executor's own, uncharged (its output's storage was charged at issue).
 c10::Storage output_bytes(const at::Tensor& result, const OutputSpec& spec, const c10::OperatorHandle& op) {
   TORCH_CHECK(result.defined() && result.device().type() == kNeuron && result.scalar_type() == spec.dtype &&
                   result.sizes() == c10::IntArrayRef(spec.sizes),
@@ -398,6 +404,15 @@ c10::Storage output_bytes(const at::Tensor& result, const OutputSpec& spec, cons
   return bytes;
 }
 
+// A result kept for an output whose bytes another result of the same op sits in: its own
+// copy, before those bytes are written (Note [A kernel's results are made in their outputs' bytes]).
+c10::Storage copied_out(const c10::Storage& made) {
+  c10::Storage bytes(c10::Storage::use_byte_size_t(), made.nbytes(), launch_bytes(made.device().index(), made.nbytes()),
+                     /*allocator=*/nullptr, /*resizable=*/false);
+  std::memcpy(bytes.mutable_data(), made.data(), made.nbytes());
+  return bytes;
+}
+
 void run_entry(Launch& launch, Entry& entry) {
   const RouteBypass bypass;  // the eager path, not the engine again
   const c10::FunctionSchema& schema = entry.op.schema();
@@ -408,14 +423,28 @@ void run_entry(Launch& launch, Entry& entry) {
   if (!launch.feed) {
     on_chip.emplace(launch, entry);
   }
+  // Its outputs' bytes, offered to the kernel's allocations (Note [A kernel's results are made
+  // in their outputs' bytes]), reached through our weak references alone (Note [The device
+  // holds no caller's storage]).
+  std::vector<ReservedBytes> reserved;
+  reserved.reserve(entry.outputs.size());
+  for (const auto& output : entry.outputs) {
+    reserved.push_back(reserved_for_kernel(output));
+  }
   {
     const DrawsFrom drawn(entry.draws_from);  // Note [Deferred random ops draw at issue]
     const TimelineOpScope tagged(&entry.timeline);
+    const OutputSteering steering(&reserved);
     entry.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   }
+  for (ReservedBytes& r : reserved) {
+    r.share = c10::DataPtr();  // not taken: from here on, only its storage and the results hold it
+  }
   release_pending(entry);
+  // The op's results, one per defined output, in entry.outputs' order.
+  std::vector<c10::Storage> made;
+  made.reserve(entry.outputs.size());
   size_t spec_index = 0;
-  size_t out = 0;  // entry.outputs holds the defined outputs only
   auto take = [&](const IValue& v) {
     const OutputSpec& spec = entry.plan->outputs[spec_index++];
     if (!spec.defined) {
@@ -424,23 +453,7 @@ void run_entry(Launch& launch, Entry& entry) {
                   "and please report it.");
       return;
     }
-    const size_t k = out++;
-    // Reached through our weak reference alone (Note [The device holds no caller's storage]).
-    c10::StorageImpl* target = entry.outputs[k]._unsafe_get_target();
-    c10::Storage made = output_bytes(v.toTensor(), spec, entry.op);
-    pause_in_handover();
-    c10::DataPtr bytes;
-    {
-      // Under the lock: a capture on the host sees either no bytes and counts itself a reader
-      // before this looks, or the bytes (Note [Values handed between jobs]).
-      const std::lock_guard<std::mutex> handoff(g_handoff.lock);
-      if (g_handoff.readers.count(target) > 0) {  // queued readers keep a share of the bytes
-        g_handoff.produced[target] = share_bytes(made);
-      }
-      bytes = made.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, made.device()));
-      fill_deferred(target, bytes, made.nbytes());
-    }
-    // Bytes nobody holds (its holders let it go) are freed here, outside the lock.
+    made.push_back(output_bytes(v.toTensor(), spec, entry.op));
   };
   const auto& returns = schema.returns();
   for (size_t i = 0; i < returns.size(); ++i) {
@@ -456,6 +469,36 @@ void run_entry(Launch& launch, Entry& entry) {
     } else {
       take(v);
     }
+  }
+  stack.clear();  // the results live in `made` alone now
+  TORCH_INTERNAL_ASSERT(made.size() == entry.outputs.size(), "neuron bug: ", schema.operator_name(), " made ",
+                        made.size(), " results for ", entry.outputs.size(), " outputs");
+  // A result made in another output's bytes is copied out before that output is written.
+  for (size_t k = 0; k < made.size(); ++k) {
+    if (made[k].data() == nullptr || made[k].data() == reserved[k].data) {
+      continue;
+    }
+    for (size_t j = 0; j < reserved.size(); ++j) {
+      if (j != k && reserved[j].data == made[k].data()) {
+        made[k] = copied_out(made[k]);
+        break;
+      }
+    }
+  }
+  for (size_t k = 0; k < made.size(); ++k) {
+    c10::StorageImpl* target = entry.outputs[k]._unsafe_get_target();
+    pause_in_handover();
+    {
+      // Under the lock: a capture on the host sees either the value not made and counts itself
+      // a reader before this looks, or the value (Note [Values handed between jobs]).
+      const std::lock_guard<std::mutex> handoff(g_handoff.lock);
+      const bool read_later = g_handoff.readers.count(target) > 0;
+      c10::Storage kept = fill_deferred(target, made[k], read_later);
+      if (read_later) {  // queued readers keep a share of the value: its storage's bytes, or the result's if let go
+        g_handoff.produced[target] = kept ? std::move(kept) : share_bytes(made[k]);
+      }
+    }
+    made[k] = c10::Storage();  // a result nobody holds is freed here, outside the lock
   }
 }
 
@@ -710,11 +753,11 @@ void run_before_eager() {
 }
 
 void check_computed(const c10::Storage& storage) {
-  if (storage.data() != nullptr || storage.nbytes() == 0) {
+  if (value_made(storage)) {
     return;
   }
   sync_before_host_access();  // its launch may still be queued
-  if (storage.data() == nullptr) {
+  if (!value_made(storage)) {
     raise_failure();
   }
 }

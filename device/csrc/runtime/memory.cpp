@@ -17,8 +17,8 @@
 // eager mode, whether or not its launch has run. The launch's own allocations (the results
 // its kernels make, values it keeps for its later ops after their holders dropped them) are
 // not charged again (ChargeScope): the memory a launch works in is the memory eager mode
-// held at the same program points. A result's bytes take over its placeholder's charge when
-// they move into the storage handed out for it (hand_over_charge).
+// held at the same program points. The bytes themselves exist from issue too (Note [A
+// deferred output's bytes exist at issue]).
 #include "neuron.h"
 
 #include <c10/core/Allocator.h>
@@ -29,6 +29,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -110,7 +111,7 @@ void add(DeviceMemory& m, int64_t nbytes) {
 // device was charged for it, so the charge follows the user's holders, not the bytes: a value
 // the user dropped is released when eager mode would release it, though a queued op still
 // reads it (Note [Deferred outputs are charged at issue]). charged 0: a share, a launch's own
-// allocation, or a placeholder whose charge moved on.
+// allocation, or bytes whose charge moved on.
 struct Bytes {
   void* data;
   // The storage whose bytes were adopted (a CPU tensor's, or one holding a DataPtr made
@@ -118,10 +119,13 @@ struct Bytes {
   c10::Storage host;
   std::atomic<int64_t> holders{1};
   size_t projected = 0;  // > 0: `data` is address space of this many bytes, never mapped (Note [Projected bytes])
+  // false: a deferred output's bytes, which its op has not written yet (Note [A deferred output's
+  // bytes exist at issue]). Set once, by the executor, after it wrote them (release, acquire).
+  std::atomic<bool> made{true};
 };
 
 struct Block {
-  Bytes* bytes;  // none: a deferred output's placeholder
+  Bytes* bytes;  // none: an empty storage's (no bytes to hold)
   c10::DeviceIndex device;
   size_t charged;
 };
@@ -181,11 +185,10 @@ c10::DataPtr host_bytes(c10::DeviceIndex d, size_t nbytes, size_t charged) {
 // In projection mode (adaptive_eager.projection()) a neuron tensor carries no bytes: its
 // storage is charged as eager mode charges it, and its address is a reservation of address
 // space, PROT_NONE and MAP_NORESERVE, which takes no memory (a 16 GiB weight costs nothing)
-// and is never mapped. Why an address and not null: null data with a size is the engine's
-// "produced by a launch still queued, or failed" (check_computed, the posting plans'
-// "new bytes of its own" test), and every storage identity the eager path and the engine
-// take (bytes_key, same_bytes, share_bytes) is the bytes' address, which a projected storage
-// keeps unique this way for as long as it lives. A read of one that a branch forgot faults
+// and is never mapped. Why an address and not null: every storage identity the eager path
+// and the engine take (bytes_key, same_bytes, share_bytes, the posting plans' "new bytes of
+// its own" test) is the bytes' address, which a projected storage keeps unique this way for
+// as long as it lives. A read of one that a branch forgot faults
 // at the reading instruction, never returns another tensor's values.
 //
 // Small storages keep their bytes: one of kValuedBytes or less that the allocator makes in
@@ -321,6 +324,7 @@ void install_memory(const std::vector<int64_t>& capacities) {
     g_memory.back()->limit = capacity;
   }
   c10::SetAllocator(kNeuron, &g_allocator);
+  install_output_steering();  // Note [A kernel's results are made in their outputs' bytes]
 }
 
 // Raises unless nbytes more fit, counting nothing (the eager path, before it adopts host bytes).
@@ -358,9 +362,42 @@ ChargeScope::ChargeScope() { ++t_uncharged; }
 ChargeScope::~ChargeScope() { --t_uncharged; }
 bool charges_new_results() { return t_uncharged == 0; }
 
+// Note [A deferred output's bytes exist at issue]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An op posted to the device (eager mode) or deferred by the engine hands out its outputs at
+// issue, and their bytes are allocated then, as CUDA's caching allocator gives a kernel's
+// output its address before the kernel runs: the storage's address is its own from the start
+// and never changes (`data_ptr()`, `untyped_storage().data_ptr()`, torch.save's and
+// safetensors' storage keys, tied weights found by address), and what the device is charged
+// for is memory that exists. Until the op has written them the bytes are not its value:
+// `made` says so, and every reader of a value (a host read, a queued op's argument, a copy)
+// tests it where it tested for null bytes before (value_made); a value whose op failed stays
+// unmade, and reading it raises the op's error. The executor writes the value in place: the
+// kernel's result is allocated in these very bytes when it can be (Note [A kernel's results
+// are made in their outputs' bytes], output_steering.cpp), else copied into them
+// (fill_deferred). Nothing but the value's storage and the executor's writing holds them
+// before it is made, so a host far ahead of the device holds what eager mode would hold at
+// the same point of the program, plus the bytes of queued ops' outputs it already dropped
+// (freed when their op has run), as a CUDA host's queued kernels hold their outputs' blocks.
 c10::DataPtr deferred_bytes(c10::DeviceIndex d, size_t nbytes) {
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, c10::Device(kNeuron, d));  // nothing to make, nothing charged
+  }
   charge(d, nbytes);  // raises torch.OutOfMemoryError where eager mode's allocation would
-  return data_ptr_of(nullptr, d, nbytes);
+  // Projected (Note [Projected bytes]): an op's result in projection mode has no values.
+  c10::DataPtr bytes = g_projection.load(std::memory_order_relaxed) ? projected_bytes(d, nbytes, nbytes)
+                                                                    : host_bytes(d, nbytes, nbytes);
+  block_of(bytes)->bytes->made.store(false, std::memory_order_relaxed);  // published with the storage
+  return bytes;
+}
+
+bool value_made(const c10::Storage& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  if (const Block* block = block_of(data); block != nullptr && block->bytes != nullptr) {
+    return block->bytes->made.load(std::memory_order_acquire);
+  }
+  // Bytes from elsewhere, an empty storage, or a deferred output its holders let go.
+  return data.get() != nullptr || storage.nbytes() == 0;
 }
 
 // Note [The device holds no caller's storage]
@@ -412,68 +449,76 @@ c10::Storage share_block(const Block& block, size_t nbytes) {
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-// Note [A deferred output's address waits for its bytes]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A deferred output has no bytes until its op runs, so until then its address is null.
-// `tensor.data_ptr()` read that null, as 0, with no error: two values not made yet had the same
-// address, and code that tells tensors apart by address (tied weights, shared storages, an
-// HBM tensor's key) took them for one. On CUDA the address exists at issue; here it exists
-// once the device has made the value. So the first time anyone asks for the storage's mutable
-// pointer (`Tensor.data_ptr()`, `mutable_data_ptr()`, c10's materialization hook: StorageImpl
-// calls it before handing out a mutable pointer, then clears it), the host waits for the value
-// as a host read does, and gets its address, or the error of the op that was to make it. Asked
-// again, the value is there, and the hook is gone: no check on any later access. Kernels never
-// ask for it: the executor runs them on host aliases of the bytes, which are other storages;
-// should the executor itself reach it, it cannot wait for itself, and the address stays as it
-// is. The hook reads the pointer under the storage's lock, which fill_deferred holds while it
-// writes it: c10 clears the hook after it returns, once the executor is done with the storage.
-// Not for `untyped_storage().data_ptr()`: torch's binding tests the const pointer first and
-// raises "invalid python storage" for a value not made yet, before asking for the mutable one.
-void wait_for_bytes(c10::StorageImpl* storage) {
-  DeferredStorage* deferred = as_deferred(storage);
-  const auto made = [&] {
-    const std::lock_guard<std::mutex> guard(deferred->lock);  // fill_deferred writes it under the lock
-    return deferred->data() != nullptr || deferred->nbytes() == 0;
-  };
-  if (made() || on_device_thread()) {
-    return;
-  }
-  sync_before_host_access("address of a value not made yet");
-  if (!made()) {
-    raise_failure();  // the op that was to make it failed: its error, as a host read raises it
-  }
-}
-
 }  // namespace
+
+namespace {
+std::atomic<int64_t> g_rehomed{0};
+}  // namespace
+
+int64_t rehomed_outputs() { return g_rehomed.load(); }
 
 c10::Storage deferred_storage(c10::DeviceIndex d, size_t nbytes) {
   // Resizable through the neuron allocator, as any neuron storage is.
   auto storage = c10::make_intrusive<DeferredStorage>(c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(nbytes),
                                                       deferred_bytes(d, nbytes), c10::GetAllocator(kNeuron),
                                                       /*resizable=*/true);
-  storage->set_materializer(&wait_for_bytes);  // Note [A deferred output's address waits for its bytes]
   return c10::Storage(std::move(storage));
 }
 
-bool fill_deferred(c10::StorageImpl* storage, c10::DataPtr& bytes, size_t nbytes) {
+ReservedBytes reserved_for_kernel(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage) {
+  DeferredStorage* deferred = as_deferred(storage._unsafe_get_target());
+  const std::lock_guard<std::mutex> guard(deferred->lock);
+  const Block* block = block_of(deferred->data_ptr());
+  if (deferred->released || block == nullptr || block->bytes == nullptr || block->bytes->projected > 0 ||
+      block->bytes->made.load(std::memory_order_relaxed)) {
+    return {};  // let go, empty, projected (a shape function's result has no bytes to land in), or made
+  }
+  Bytes* bytes = block->bytes;
+  bytes->holders.fetch_add(1);
+  // A CPU allocation's DataPtr, as the kernel's allocator would have made it; charged nothing.
+  return {c10::DataPtr(bytes->data, new Block{bytes, block->device, 0}, &free_block, c10::Device(c10::kCPU)),
+          deferred->nbytes(), bytes->data};
+}
+
+c10::Storage fill_deferred(c10::StorageImpl* storage, const c10::Storage& made, bool share) {
   DeferredStorage* deferred = as_deferred(storage);
   const std::lock_guard<std::mutex> guard(deferred->lock);
   if (deferred->released) {
-    return false;
+    return c10::Storage();
   }
-  // With their size: a kernel may allocate more than the view needs.
-  hand_over_charge(deferred->data_ptr(), bytes);
-  deferred->set_nbytes(nbytes);
-  deferred->set_data_ptr_noswap(std::move(bytes));
-  return true;
+  Block* block = block_of(deferred->data_ptr());
+  if (block == nullptr || block->bytes == nullptr) {  // an empty output: nothing to write
+    return share ? share_bytes(made) : c10::Storage();
+  }
+  Bytes* bytes = block->bytes;
+  // Its bytes are held by its storage, and by the result if the kernel made it there. Anyone
+  // else kept what the kernel's allocator handed out (Note [A kernel's results are made in
+  // their outputs' bytes]) and may write it later: the value moves to bytes of its own.
+  const bool in_place = made.data() == bytes->data;
+  if (bytes->holders.load() > (in_place ? 2 : 1)) {
+    const size_t charged = block->charged;
+    block->charged = 0;  // the charge moves with the value (host_bytes releases it if it cannot allocate)
+    c10::DataPtr fresh = host_bytes(block->device, deferred->nbytes(), charged);
+    block_of(fresh)->bytes->made.store(false, std::memory_order_relaxed);  // before a reader can see it
+    deferred->set_data_ptr_noswap(std::move(fresh));  // the old Block: one holder fewer, nothing released
+    block = block_of(deferred->data_ptr());
+    bytes = block->bytes;
+    g_rehomed.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (made.data() != bytes->data && bytes->projected == 0 && !is_projected(made)) {
+    std::memcpy(bytes->data, made.data(), std::min(made.nbytes(), deferred->nbytes()));
+  }
+  bytes->made.store(true, std::memory_order_release);
+  return share ? share_block(*block, deferred->nbytes()) : c10::Storage();
 }
 
 c10::Storage share_if_computed(const c10::weak_intrusive_ptr<c10::StorageImpl>& storage) {
   DeferredStorage* deferred = as_deferred(storage._unsafe_get_target());
   const std::lock_guard<std::mutex> guard(deferred->lock);
   const Block* block = block_of(deferred->data_ptr());
-  if (deferred->released || block == nullptr || block->bytes == nullptr || block->bytes->data == nullptr) {
-    return c10::Storage();  // let go, not computed yet, or bytes not the allocator's (none so far)
+  if (deferred->released || block == nullptr || block->bytes == nullptr ||
+      !block->bytes->made.load(std::memory_order_acquire)) {
+    return c10::Storage();  // let go, empty, or not made yet (or its op failed)
   }
   return share_block(*block, deferred->nbytes());
 }
@@ -571,16 +616,6 @@ const void* bytes_key(const c10::Storage& s) {
 }
 
 bool same_bytes(const c10::Storage& a, const c10::Storage& b) { return bytes_key(a) == bytes_key(b); }
-
-void hand_over_charge(const c10::DataPtr& placeholder, const c10::DataPtr& bytes) {
-  Block* from = block_of(placeholder);
-  Block* to = block_of(bytes);
-  if (from == nullptr || to == nullptr || to->charged > 0) {
-    return;  // nothing to hand over, or the bytes are charged already: the placeholder gives its charge back
-  }
-  to->charged = from->charged;
-  from->charged = 0;
-}
 
 // -- Note [Projected bytes] -----------------------------------------------------------------
 void set_projection(bool on) { g_projection.store(on); }
