@@ -490,8 +490,9 @@ extern const char* const kQuantizedInstead;
 // torch's NativeGroupNormBackward0).
 void register_autograd_layouts(std::vector<std::unique_ptr<torch::Library>>& libraries);
 const std::type_info& group_norm_backward_type();
-// run_on_host.cpp: the op on the eager path now, whatever the route (after the queue has run).
-void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// issue.cpp: the op on the eager path now, whatever the route (after the queue has run): run
+// while the caller waits, or posted if posts and eager mode would post it (Note [Recorded ops are posted]).
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool posts = false);
 // The kernel of every op neuron runs on the CPU's kernels: offered to the engine's route, else
 // run on host aliases now.
 void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
@@ -582,16 +583,19 @@ void set_route(OpRoute route);
 bool route_active();
 // Offers the op to the route (never from inside a launch, nor while bypassed); true if handled.
 bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-// While one lives, its thread's ops take the eager path, whatever the route.
+// While one lives, its thread's ops take the eager path, whatever the route: run while the
+// thread waits, or, posts: posted as eager mode posts them (Note [Recorded ops are posted]).
 struct RouteBypass {
-  RouteBypass();
+  explicit RouteBypass(bool posts = false);
   ~RouteBypass();
   RouteBypass(const RouteBypass&) = delete;
   RouteBypass& operator=(const RouteBypass&) = delete;
   bool previous;
+  bool previous_posts;
 };
-bool set_bypass(bool bypass);  // returns the previous setting
+bool set_bypass(bool bypass);  // returns the previous setting; a bypass set so waits for its ops
 bool route_bypassed();  // this thread's ops take the eager path now (a compiled graph's, a launch's)
+bool bypassed_ops_wait();  // ... and run while the thread waits, never posted
 // What a host access runs first while the engine is attached or ops are queued: its flush.
 void set_host_sync(std::function<void(const char* reason)> sync);
 // reason names the sync point in profiler ranges (`neuron::sync[<reason>]`).

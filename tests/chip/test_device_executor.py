@@ -116,6 +116,7 @@ def test_a_queued_ops_share_of_a_tensors_bytes_is_counted_by_the_device(made):
         x = torch.empty(0, device="neuron").set_(storage, 0, (4,), (1,))
     else:
         x = source.clone()
+    torch.neuron.synchronize()  # x made: each step's share of it is counted from the first
     seen = []
     with adaptive_eager.mode("adaptive"):
         for _ in range(6):  # the engine posts the step once it has seen it repeat

@@ -136,3 +136,31 @@ def test_a_deferred_outputs_data_ptr_mid_step_is_its_own_and_the_step_keeps_eage
     assert torch.equal(c.cpu(), (torch.arange(6.0) + 9) * 2 - 3)
     assert adaptive_eager.stats().fused_launches > 0
 
+
+def test_an_op_the_engine_records_is_posted_as_eager_mode_posts_it_not_waited_for():
+    # Note [Recorded ops are posted]: recording, the engine ran each op while the host waited.
+    from adaptive_eager.device import native
+
+    adaptive_eager.set_mode("adaptive")
+    x = torch.arange(6.0, device=NEURON)
+    x.mul(3).add(1).neg()  # their first calls run while the host waits: they teach the plans
+    torch.neuron.synchronize()
+    native.sleep_on_device(0.3)
+    posted, _ = native.eager_issue_counts()
+    y = x.mul(3).add(1).neg()
+    assert not native.device_idle()  # none waited for the device
+    assert native.eager_issue_counts()[0] == posted + 3
+    assert torch.equal(y.cpu(), -(torch.arange(6.0) * 3 + 1))
+
+
+def test_a_recorded_ops_error_raises_at_the_next_sync_naming_the_op():
+    adaptive_eager.set_mode("adaptive")
+    table = torch.arange(12.0, device=NEURON).reshape(4, 3)
+    torch.index_select(table, 0, torch.tensor([0, 3], device=NEURON))  # learns its plan: the next call is posted
+    torch.neuron.synchronize()
+    out = torch.index_select(table, 0, torch.tensor([0, 7], device=NEURON))  # no error at the call
+    with pytest.raises(IndexError, match=r"index out of range[\s\S]*aten::index_select"):
+        torch.neuron.synchronize()
+    with pytest.raises(IndexError, match=r"index out of range"):
+        out.cpu()  # its output was never made
+    torch.neuron.synchronize()  # raised once: the next sync is clean

@@ -254,7 +254,7 @@ void issue_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // And every op in projection mode (Note [Projected ops]): posted, the op ran on bytes shared
   // with its arguments', and what it wrote became projected there, not in the caller's
   // storage (a second projected run's AdamW left its parameters with stale host values).
-  if (g_launch_blocking.load(std::memory_order_relaxed) || profiling() || in_fused_launch() || route_bypassed() ||
+  if (g_launch_blocking.load(std::memory_order_relaxed) || profiling() || in_fused_launch() || bypassed_ops_wait() ||
       projection_enabled()) {
     run_and_learn(op, stack, nullptr);
     return;
@@ -309,9 +309,20 @@ void eager_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   eager_detail::issue_eager(op, stack);
 }
 
-void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// Note [Recorded ops are posted]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// While the adaptive engine records (a loop's first steps, and any stretch it has not matched
+// yet), it answers "run it now, then tell me" (the route's kRunEagerThen): the op takes the
+// eager path and the engine records what it returned. It is posted, as eager mode posts it
+// (Note [Eager ops run on the device]), rather than run while the host waits: a recording
+// host runs ahead of the device as an eager one does, where it made a round trip per op (the
+// better part of adaptive mode's warm-up over eager's). The engine reads its results' geometry,
+// never their values, and their bytes exist from issue (Note [A deferred output's bytes exist
+// at issue], memory.cpp): an address, a storage's data_ptr() or torch.save in a recorded
+// stretch gives what eager mode gives. Its errors wait for the next sync, as eager mode's do.
+void run_eager(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool posts) {
   run_before_eager();
-  const RouteBypass bypass;
+  const RouteBypass bypass(posts);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
 }
 

@@ -158,6 +158,7 @@ int64_t g_failed_index = -1;
 OpRoute g_route;
 std::function<void(const char*)> g_host_sync;
 thread_local bool t_bypass = false;
+thread_local bool t_bypass_posts = false;  // Note [Recorded ops are posted]
 
 // Note [Values handed between jobs]: an op queued before its argument's producer has run
 // captures that argument weakly (Note [Queued arguments count no references]) and counts
@@ -702,12 +703,19 @@ int64_t open_launches() { return g_queue->feed ? 1 : 0; }
 
 }  // namespace
 
-RouteBypass::RouteBypass() : previous(t_bypass) { t_bypass = true; }
-RouteBypass::~RouteBypass() { t_bypass = previous; }
+RouteBypass::RouteBypass(bool posts) : previous(t_bypass), previous_posts(t_bypass_posts) {
+  t_bypass = true;
+  t_bypass_posts = posts;
+}
+RouteBypass::~RouteBypass() {
+  t_bypass = previous;
+  t_bypass_posts = previous_posts;
+}
 
 bool set_bypass(bool bypass) {
   const bool previous = t_bypass;
   t_bypass = bypass;
+  t_bypass_posts = false;
   return previous;
 }
 
@@ -718,6 +726,8 @@ void set_route(OpRoute route) { g_route = std::move(route); }
 bool route_active() { return g_route && !t_bypass; }
 
 bool route_bypassed() { return t_bypass; }
+
+bool bypassed_ops_wait() { return t_bypass && !t_bypass_posts; }
 
 bool route_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!route_active()) {

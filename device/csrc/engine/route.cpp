@@ -387,7 +387,7 @@ bool call_engine(const py::object& engine, const c10::OperatorHandle& op, torch:
     case AnswerKind::kRunEager:
       return false;  // the eager path runs it
     case AnswerKind::kRunEagerThen:
-      neuron::run_eager(op, stack);
+      neuron::run_eager(op, stack, /*posts=*/true);  // Note [Recorded ops are posted]
       answer.after(results_to_python(schema, *stack));
       return true;
     case AnswerKind::kResult:
