@@ -188,6 +188,62 @@ def test_a_posted_ops_result_is_made_in_its_outputs_bytes_with_no_copy():
     assert all(torch.equal(t.cpu(), w @ w) for t in kept)
 
 
+def _cpu_kernel_for_this_test(name: str, kernel):
+    """Replaces an aten op's CPU kernel (which the device runs on its bytes) with a Python one."""
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl(name, kernel, "CPU")
+    return lib
+
+
+def _posted_twice(op, x):
+    """op(x) run while the host waits (it teaches the plan), then posted; the second result."""
+    op(x)
+    torch.neuron.synchronize()
+    before = native.output_bytes_counts()
+    native.sleep_on_device(0.1)
+    result = op(x)
+    assert not native.device_idle()  # posted, not yet run
+    torch.neuron.synchronize()
+    return result, before
+
+
+def test_results_a_kernel_made_in_each_others_outputs_bytes_are_each_written_to_their_own():
+    # Note [A kernel's results are made in their outputs' bytes]: the ordinal rule offers the
+    # first 4-byte allocation min's bytes and the second max's; this kernel returns them crosswise.
+    def aminmax_crosswise(x, *, dim=None, keepdim=False):
+        first, second = torch.empty((), dtype=x.dtype), torch.empty((), dtype=x.dtype)
+        torch.amax(x, out=first)
+        torch.amin(x, out=second)
+        return second, first
+
+    lib = _cpu_kernel_for_this_test("aminmax", aminmax_crosswise)
+    try:
+        (low, high), (steered, rehomed) = _posted_twice(torch.aminmax, torch.tensor([3.0, -2.0, 5.0]).to("neuron"))
+        assert native.output_bytes_counts() == (steered + 2, rehomed)  # both made in offered bytes, each in the other's
+    finally:
+        lib._destroy()
+    assert (low.item(), high.item()) == (-2.0, 5.0)
+
+
+def test_an_output_whose_offered_bytes_the_kernel_keeps_moves_to_bytes_of_its_own():
+    kept = []
+
+    def expm1_keeping_a_buffer(x):
+        buffer = torch.empty_like(x)  # the first allocation of the output's size: offered its bytes
+        kept.append(buffer)  # kept past the kernel: what it writes there later is not the output's
+        return torch.exp(x) - 1  # (its kernel is this one: not torch.expm1)
+
+    lib = _cpu_kernel_for_this_test("expm1", expm1_keeping_a_buffer)
+    try:
+        x = torch.tensor([0.0, 1.0, -1.0])
+        out, (steered, rehomed) = _posted_twice(torch.expm1, x.to("neuron"))
+        assert native.output_bytes_counts() == (steered + 1, rehomed + 1)
+    finally:
+        lib._destroy()
+    kept[-1].fill_(7.0)
+    assert torch.equal(out.cpu(), torch.exp(x) - 1)
+
+
 def _resident_mib() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
