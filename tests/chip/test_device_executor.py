@@ -188,6 +188,24 @@ def test_a_posted_ops_result_is_made_in_its_outputs_bytes_with_no_copy():
     assert all(torch.equal(t.cpu(), w @ w) for t in kept)
 
 
+def test_bytes_the_host_frees_while_their_op_is_queued_serve_the_next_issue_and_every_value_stays_its_own():
+    # Note [Freed small bytes serve the next issue]: the device's queue is in order, so bytes let
+    # go on the host are reused at once, as CUDA's caching allocator reuses a stream's blocks.
+    x = torch.arange(256.0).to("neuron")
+    (x * 2) + 1, x * 3  # their first calls teach the plans: the next ones are posted
+    torch.neuron.synchronize()
+    native.sleep_on_device(0.2)
+    a = x * 2
+    address = a.data_ptr()
+    c = a + 1  # queued behind a, reading it
+    del a  # let go while its op is queued: its bytes are free again
+    b = x * 3
+    assert not native.device_idle()
+    assert b.data_ptr() == address  # a's bytes, reused at issue
+    assert torch.equal(c.cpu(), torch.arange(256.0) * 2 + 1)  # c read a's value, not b's
+    assert torch.equal(b.cpu(), torch.arange(256.0) * 3)
+
+
 def _cpu_kernel_for_this_test(name: str, kernel):
     """Replaces an aten op's CPU kernel (which the device runs on its bytes) with a Python one."""
     lib = torch.library.Library("aten", "IMPL")
