@@ -541,8 +541,6 @@ class AdaptiveExecutor(Executor):
                     if self.pending is not None:
                         self._arm()
                     return out
-                if self.inflight:  # what follows may run ops now or record them
-                    self._drain()
                 try:
                     rec = OpRecord.from_call(func, args, kwargs)
                 except Exception:  # arguments we cannot describe: run it now

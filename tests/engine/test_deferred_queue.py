@@ -153,6 +153,28 @@ def test_an_op_the_engine_records_is_posted_as_eager_mode_posts_it_not_waited_fo
     assert torch.equal(y.cpu(), -(torch.arange(6.0) * 3 + 1))
 
 
+def test_an_op_recorded_while_a_launch_is_on_the_stream_does_not_wait_for_the_launch():
+    # The engine drained the stream before it recorded an op, from when recorded ops ran while
+    # the host waited; posted now (Note [Recorded ops are posted]), they queue behind it, as
+    # eager mode's ops do, and the host goes on.
+    from adaptive_eager.device import native
+
+    adaptive_eager.set_mode("adaptive")
+    x = torch.arange(6.0, device=NEURON)
+    x.sub(5)  # its first call runs while the host waits: it teaches the plan
+    for _ in range(30):  # two units are cached as one trace, replayed as one launch on the stream
+        y = x.mul(3).add(1).neg()
+    torch.neuron.synchronize()
+    native.sleep_on_device(0.3)
+    for _ in range(2):
+        y = x.mul(3).add(1).neg()
+    assert native.launches_in_flight() == 1  # on the stream, behind the sleep
+    z = x.sub(5)  # in no trace: recorded
+    assert native.launches_in_flight() == 1 and not native.device_idle()  # nothing waited for the launch
+    assert torch.equal(z.cpu(), torch.arange(6.0) - 5)
+    assert torch.equal(y.cpu(), -(torch.arange(6.0) * 3 + 1))
+
+
 def test_a_recorded_ops_error_raises_at_the_next_sync_naming_the_op():
     adaptive_eager.set_mode("adaptive")
     table = torch.arange(12.0, device=NEURON).reshape(4, 3)
