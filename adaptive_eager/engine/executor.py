@@ -138,7 +138,7 @@ class _TraceCache(cachetools.LRUCache):
 class _Barrier:
     """A sync op in the history (it ran eagerly, unseen): what the detector and _adopt read."""
 
-    __slots__ = ("signature", "name", "erased")
+    __slots__ = ("signature", "name", "erased", "ids")
     barrier = True
     device = None
     out_specs = ()
@@ -147,6 +147,7 @@ class _Barrier:
         self.signature = signature
         self.name = name
         self.erased = (erase_key(signature), None)  # what the shape detector sees
+        self.ids = None  # the detectors' keys (AdaptiveExecutor._key_ids)
 
 
 _HOST_ACCESS = _Barrier(("host access",), "host access")
@@ -229,6 +230,7 @@ class AdaptiveExecutor(Executor):
         self.history: collections.deque = collections.deque(maxlen=2 * cfg.max_period)
         self.key_ids: dict[tuple, int] = {}
         self.erased_ids: dict[tuple, int] = {}
+        self._ids_token = object()  # names the two tables above: ids kept on protos (_key_ids)
         # (period, entries still to come): a shape period fired, and its two sightings are
         # taken once they start at the stream's own cut (_plan_generic).
         self._generic_wait: tuple[int, int] | None = None
@@ -1074,24 +1076,13 @@ class AdaptiveExecutor(Executor):
             return position  # detection paused: the stream is fully covered by traces
         self.history.append((position, proto, producers))
         self._fruitless += 1
-        # An op a generic trace matched is keyed as the same op run eagerly would be: the
-        # exact detector sees one stream however its ops were matched.
-        signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
-        key = self.key_ids.get(signature)
-        if key is None:
-            if len(self.key_ids) > 100_000:  # never-repeating streams: keep memory bounded
-                self.key_ids.clear()
-                self.protos.clear()
-            key = self.key_ids[signature] = len(self.key_ids)
-        erased = erased_signature(proto)
-        shape_key = self.erased_ids.get(erased)
-        if shape_key is None:
-            if len(self.erased_ids) > 100_000:
-                self.erased_ids.clear()
-            shape_key = self.erased_ids[erased] = len(self.erased_ids)
-            self._found_something()  # an op never seen, but for its sizes
-        elif self._fruitless >= self._fruitless_limit:
-            self._maybe_quiet()
+        ids = getattr(proto, "ids", None)  # a GenericSighting is new per match: it has none
+        if ids is not None and ids[0] is self._ids_token:
+            key, shape_key = ids[1], ids[2]
+            if self._fruitless >= self._fruitless_limit:
+                self._maybe_quiet()
+        else:
+            key, shape_key = self._key_ids(proto)
         period = self.detector.push(key)
         shape_period = self.shape_detector.push(shape_key)
         if period is not None:
@@ -1110,6 +1101,35 @@ class AdaptiveExecutor(Executor):
                 self._generic_wait = None
                 self._adopt_generic(period)
         return position
+
+    def _key_ids(self, proto) -> tuple[int, int]:
+        """The detectors' keys of a history entry's op: its exact signature's and its size-erased
+        one's, interned. Kept on a proto or barrier (protos are interned by signature) with the
+        token of the tables they index, so an op seen before pays no hash of its nested
+        signatures (two an op, ~1-3 us, of the ~6 the history costs an op while detecting)."""
+        # An op a generic trace matched is keyed as the same op run eagerly would be: the
+        # exact detector sees one stream however its ops were matched.
+        signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
+        key = self.key_ids.get(signature)
+        if key is None:
+            if len(self.key_ids) > 100_000:  # never-repeating streams: keep memory bounded
+                self.key_ids.clear()
+                self.protos.clear()
+                self._ids_token = object()  # every id kept on a proto is stale now
+            key = self.key_ids[signature] = len(self.key_ids)
+        erased = erased_signature(proto)
+        shape_key = self.erased_ids.get(erased)
+        if shape_key is None:
+            if len(self.erased_ids) > 100_000:
+                self.erased_ids.clear()
+                self._ids_token = object()
+            shape_key = self.erased_ids[erased] = len(self.erased_ids)
+            self._found_something()  # an op never seen, but for its sizes
+        elif self._fruitless >= self._fruitless_limit:
+            self._maybe_quiet()
+        if type(proto) is not GenericSighting:
+            proto.ids = (self._ids_token, key, shape_key)
+        return key, shape_key
 
     # -- Note [Detection that finds nothing pauses] ---------------------------------------------
     def _found_something(self) -> None:

@@ -41,6 +41,7 @@ class OpProto:
     matcher: object = None
     interpreted: int = 0  # matches made without it (Note [Matchers compiled once warm] in matchers.py)
     erased: tuple | None = None  # (size-erased signature, its ints): generic.erase, once
+    ids: tuple | None = None  # the detectors' keys, with the engine's token (AdaptiveExecutor._key_ids)
 
     def __post_init__(self):
         self.name = self.info.name
