@@ -65,6 +65,7 @@ _RECENT = 20  # divergences and flushes kept for explain()
 _MIN_PAUSE_AFTER = 1024  # the least any later pause waits for (see _steady)
 _FIRST_PAUSE_AFTER = 256  # ops matched in a row before detection first pauses (see _steady)
 _QUIET_FACTOR, _MAX_QUIET_FACTOR = 4, 1024  # Note [Detection that finds nothing pauses]
+_KEYS_KEPT = 100_000  # signatures the detectors' key tables hold before they start afresh
 _QUIET_BEFORE_FEEDING = 4  # Note [Armed matching while detecting]: trace lengths with nothing found
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
@@ -1112,7 +1113,7 @@ class AdaptiveExecutor(Executor):
         signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
         key = self.key_ids.get(signature)
         if key is None:
-            if len(self.key_ids) > 100_000:  # never-repeating streams: keep memory bounded
+            if len(self.key_ids) > _KEYS_KEPT:  # never-repeating streams: keep memory bounded
                 self.key_ids.clear()
                 self.protos.clear()
                 self._ids_token = object()  # every id kept on a proto is stale now
@@ -1120,7 +1121,7 @@ class AdaptiveExecutor(Executor):
         erased = erased_signature(proto)
         shape_key = self.erased_ids.get(erased)
         if shape_key is None:
-            if len(self.erased_ids) > 100_000:
+            if len(self.erased_ids) > _KEYS_KEPT:
                 self.erased_ids.clear()
                 self._ids_token = object()
             shape_key = self.erased_ids[erased] = len(self.erased_ids)

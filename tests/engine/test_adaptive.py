@@ -498,3 +498,39 @@ def test_attention_with_a_trained_position_bias_runs_one_launch_per_step_and_mat
     assert eager[0] == adaptive[0]
     assert torch.equal(eager[1], adaptive[1]) and torch.equal(eager[2], adaptive[2])
     assert _steady(adaptive[3]) == [1] * (10 - WARMUP), adaptive[3]
+
+
+@pytest.mark.parametrize("table", ["exact", "size-erased"])
+def test_the_detectors_keys_kept_on_an_op_are_never_used_once_their_tables_start_afresh(monkeypatch, table):
+    # Detection keeps each op's two keys on its proto or barrier (AdaptiveExecutor._key_ids),
+    # with a token naming the tables they index: once a table is full and starts afresh, a key
+    # kept from the old one may be another op's in the new one, and must not be used.
+    from adaptive_eager.engine import executor as engine
+    from adaptive_eager.mode import SWITCH
+
+    monkeypatch.setattr(engine, "_KEYS_KEPT", 3)
+    e = SWITCH.adaptive
+    e.reset()
+    try:
+        ops = [engine._Barrier(("op", i), f"op{i}") for i in range(6)]
+        for i, op in enumerate(ops):  # five ops that differ in one table only
+            if table == "exact":
+                op.erased = (("op",), None)
+            else:
+                op.signature, op.erased = ("op",), (("op", i), None)
+        keys, index = (e.key_ids, 1) if table == "exact" else (e.erased_ids, 2)
+
+        def key_in_table(op):
+            return keys[op.signature if table == "exact" else op.erased[0]]
+
+        for op in ops[:4]:
+            e._advance(op, ())
+        first = ops[0].ids
+        assert first[0] is e._ids_token and key_in_table(ops[0]) == first[index]
+        e._advance(ops[4], ())  # a fifth: the table holds 3, and starts afresh
+        assert ops[0].ids[0] is not e._ids_token
+        assert key_in_table(ops[4]) == first[index]  # op0's old key is op4's now
+        e._advance(ops[0], ())
+        assert ops[0].ids[0] is e._ids_token and ops[0].ids[index] == key_in_table(ops[0]) != first[index]
+    finally:
+        e.reset()
