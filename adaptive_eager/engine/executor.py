@@ -1077,13 +1077,15 @@ class AdaptiveExecutor(Executor):
             return position  # detection paused: the stream is fully covered by traces
         self.history.append((position, proto, producers))
         self._fruitless += 1
-        ids = getattr(proto, "ids", None)  # a GenericSighting is new per match: it has none
+        ids = proto.ids  # a GenericSighting's are None: it is new per match
         if ids is not None and ids[0] is self._ids_token:
-            key, shape_key = ids[1], ids[2]
-            if self._fruitless >= self._fruitless_limit:
-                self._maybe_quiet()
+            key, shape_key, new_sizes_only = ids[1], ids[2], False
         else:
-            key, shape_key = self._key_ids(proto)
+            key, shape_key, new_sizes_only = self._key_ids(proto)
+        if new_sizes_only:
+            self._found_something()  # an op never seen, but for its sizes
+        elif self._fruitless >= self._fruitless_limit:
+            self._maybe_quiet()
         period = self.detector.push(key)
         shape_period = self.shape_detector.push(shape_key)
         if period is not None:
@@ -1103,11 +1105,12 @@ class AdaptiveExecutor(Executor):
                 self._adopt_generic(period)
         return position
 
-    def _key_ids(self, proto) -> tuple[int, int]:
+    def _key_ids(self, proto) -> tuple[int, int, bool]:
         """The detectors' keys of a history entry's op: its exact signature's and its size-erased
-        one's, interned. Kept on a proto or barrier (protos are interned by signature) with the
-        token of the tables they index, so an op seen before pays no hash of its nested
-        signatures (two an op, ~1-3 us, of the ~6 the history costs an op while detecting)."""
+        one's, interned, and whether the size-erased one is new. Kept on a proto or barrier
+        (protos are interned by signature) with the token of the tables they index, so an op
+        seen before pays no hash of its nested signatures (two an op, ~1-3 us, of the ~6 the
+        history costs an op while detecting)."""
         # An op a generic trace matched is keyed as the same op run eagerly would be: the
         # exact detector sees one stream however its ops were matched.
         signature = proto.exact_signature() if type(proto) is GenericSighting else proto.signature
@@ -1120,17 +1123,15 @@ class AdaptiveExecutor(Executor):
             key = self.key_ids[signature] = len(self.key_ids)
         erased = erased_signature(proto)
         shape_key = self.erased_ids.get(erased)
-        if shape_key is None:
+        new_sizes_only = shape_key is None
+        if new_sizes_only:
             if len(self.erased_ids) > _KEYS_KEPT:
                 self.erased_ids.clear()
                 self._ids_token = object()
             shape_key = self.erased_ids[erased] = len(self.erased_ids)
-            self._found_something()  # an op never seen, but for its sizes
-        elif self._fruitless >= self._fruitless_limit:
-            self._maybe_quiet()
         if type(proto) is not GenericSighting:
             proto.ids = (self._ids_token, key, shape_key)
-        return key, shape_key
+        return key, shape_key, new_sizes_only
 
     # -- Note [Detection that finds nothing pauses] ---------------------------------------------
     def _found_something(self) -> None:

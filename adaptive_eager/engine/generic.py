@@ -154,6 +154,7 @@ class GenericSighting:
     generic = True
     barrier = False
     out_specs = ()
+    ids = None  # the detectors' keys are not kept on it (AdaptiveExecutor._key_ids): it is new per match
 
     def __init__(self, proto: GenericProto, syms: list):
         self.proto = proto

@@ -512,7 +512,7 @@ def test_the_detectors_keys_kept_on_an_op_are_never_used_once_their_tables_start
     e = SWITCH.adaptive
     e.reset()
     try:
-        ops = [engine._Barrier(("op", i), f"op{i}") for i in range(6)]
+        ops = [engine._Barrier(("op", i), f"op{i}") for i in range(5)]
         for i, op in enumerate(ops):  # five ops that differ in one table only
             if table == "exact":
                 op.erased = (("op",), None)
