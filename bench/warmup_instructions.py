@@ -13,9 +13,10 @@ each mode in its own process under `valgrind --tool=callgrind`. Each step runs i
 `functools.reduce` call, and callgrind dumps the user's thread's count after each
 (`--dump-after`): the table gives, per step, the instructions the user's thread executed in
 each mode and adaptive mode's excess, in millions. The autograd engine's device thread, which
-runs every backward op (and, in adaptive mode, the engine's Python for them), is counted over
-the whole run (it exists from the first backward on): its totals are the last rows. The
-device's executor runs the kernels and is not counted.
+runs every backward op (and, in adaptive mode, the engine's Python for them), dumps its count
+from a hook on the first layer's weight's gradient, once per step: its columns are from that
+point in one step to the same point in the next. The last rows sum the steps. The device's
+executor runs the kernels and is not counted.
 
 What the count does not see: time a thread spends blocked (a wait for the device sleeps, and
 counts nothing), and valgrind runs one thread at a time, so a thread's spin counts what the
