@@ -67,6 +67,7 @@ _FIRST_PAUSE_AFTER = 256  # ops matched in a row before detection first pauses (
 _QUIET_FACTOR, _MAX_QUIET_FACTOR = 4, 1024  # Note [Detection that finds nothing pauses]
 _KEYS_KEPT = 100_000  # signatures the detectors' key tables hold before they start afresh
 _QUIET_BEFORE_FEEDING = 4  # Note [Armed matching while detecting]: trace lengths with nothing found
+_NONE_FIRED = (None, None)  # the detectors' answers to a push that found no period
 _NOVELTY_WINDOW = 256  # recorded ops per novelty check (see _count_novelty)
 _NOVELTY_SAMPLE = 128  # recorded ops per check once backing off
 _MAX_BACKOFF = 4096  # longest stretch run without recording: a later repeating phase waits at most this long
@@ -206,6 +207,7 @@ class AdaptiveExecutor(Executor):
         self.config = config or EngineConfig.from_env()
         self._armed: Pending | None = None  # the match the route continues in C++
         self._armed_feeds = False  # Note [Armed matching while detecting]: its ops go to detection
+        self._armed_pushes = False  # ... and the route pushed their keys (Note [Detection fed by the route])
         self._arm_generation = 0  # which arming _armed is (an interrupt may stop one before C++ got it)
         self._lock = _CatchingUpLock()
         self._lock.engine = self
@@ -338,7 +340,7 @@ class AdaptiveExecutor(Executor):
         if p is None:
             return
         (generation, pos, position, rounds, collected, syms, recent_sizes, sizes_repeat, last_sync_at,
-         longest_unsynced) = native.disarm()
+         longest_unsynced, fired) = native.disarm()
         if generation == self._arm_generation:  # else C++ never got this arming: nothing matched
             if rounds:
                 self._take_rounds(p, pos, position, rounds, collected, syms)
@@ -348,7 +350,7 @@ class AdaptiveExecutor(Executor):
                     p.trace.sizes_repeat = p.trace.sizes_repeat or sizes_repeat
             else:
                 if self._armed_feeds:
-                    self._feed_matched(p, pos, position, syms)
+                    self._feed_matched(p, pos, position, syms, fired)
                 p.pos = pos
                 p.syms = syms
                 self.position = position
@@ -357,7 +359,7 @@ class AdaptiveExecutor(Executor):
             self._longest_unsynced = max(self._longest_unsynced, longest_unsynced)
         self._armed = None
 
-    def _feed_matched(self, p: Pending, pos: int, end: int, syms: list) -> None:
+    def _feed_matched(self, p: Pending, pos: int, end: int, syms: list, fired: tuple | None) -> None:
         """Note [Armed matching while detecting]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
         Before detection first pauses, the route matched p's positions up to `pos` in C++
@@ -375,10 +377,18 @@ class AdaptiveExecutor(Executor):
         detection keeps finding units, every few ops, the stream is matched op by op as before,
         and the route matches before the pause only once detection has found nothing new for
         _QUIET_BEFORE_FEEDING lengths of the trace (as the first pause waits 4 lengths of the
-        unit it adopted). A small MLP's step is armed so from its 8th step, where the pause
-        comes at its 14th. Each op is taken as it is fed (p.pos), so an interrupt midway leaves
-        the rest for the next entry (Note [Interrupted issue]), and none is fed twice."""
+        unit it adopted). That lag is gone where the route pushes each op's keys to the detectors
+        itself (Note [Detection fed by the route] in route.cpp: an exact trace whose keys are
+        known) and stops after an op whose keys fired: the route is armed so from the trace's
+        second match (its first takes the source lines), and here each op goes into the history
+        with what its push answered, the adoption made at the op that fired. The small MLP's
+        steps 4-12 then cost the user's and autograd's threads 0.53 and 0.22 million
+        instructions over eager mode's each, where they cost 1.6 and 0.8 (steps 4-5, matched in
+        Python) and 0.7 and 0 (7-12, fed by Python) before (bench/warmup_instructions.py).
+        Each op is taken as it is fed (p.pos), so an interrupt midway leaves the rest for the
+        next entry (Note [Interrupted issue]), and none is fed twice."""
         trace = p.trace
+        pushes = self._armed_pushes
         for k in range(p.pos, pos):
             position = end - (pos - k)
             # Fed already if an interrupt landed after its _advance, before p.pos moved on: a
@@ -386,7 +396,10 @@ class AdaptiveExecutor(Executor):
             if not (self.history and self.history[-1][0] >= position):
                 self.position = position
                 proto = trace.protos[k]
-                p.positions.append(self._advance(GenericSighting(proto, syms) if trace.generic else proto, _MATCHED))
+                # What the route's push of this op's keys answered (it stops after one fires).
+                pushed = (fired[1:] if fired is not None and fired[0] == k else _NONE_FIRED) if pushes else None
+                p.positions.append(self._advance(GenericSighting(proto, syms) if trace.generic else proto, _MATCHED,
+                                                 pushed))
             p.pos = k + 1
         if self._enter_at is not None and self._enter_at[1] < end:
             entering, at = self._enter_at
@@ -433,11 +446,13 @@ class AdaptiveExecutor(Executor):
                 or self.config.launch_blocking or not self.config.native_match):
             return
         # Note [Armed matching while detecting]: before detection pauses, the positions matched
-        # here go into its history at the next entry (one trace's ops at most, so no rounds),
-        # once detection has gone a while without finding anything.
+        # here go into its history at the next entry (one trace's ops at most, so no rounds):
+        # their keys pushed by the route as it matches (Note [Detection fed by the route]), or,
+        # where it cannot push them, once detection has gone a while without finding anything.
         feeds = self._steady < self._pause_after
         trace = p.trace
-        if feeds and self._fruitless < _QUIET_BEFORE_FEEDING * len(trace):
+        keys = self._keys_to_push(trace) if feeds else None
+        if feeds and keys is None and self._fruitless < _QUIET_BEFORE_FEEDING * len(trace):
             return  # detection is finding units now: it must see each op as it comes
         if p.done == p.pos:
             return
@@ -459,8 +474,33 @@ class AdaptiveExecutor(Executor):
         self._arm_generation += 1
         self._armed = p
         self._armed_feeds = feeds
+        self._armed_pushes = keys is not None
         native.arm(table, p.pos, stop, self.position, self._arm_generation, wrap, p.syms, self._last_sync_at,
-                   list(trace.recent_sizes) if wrap and trace.generic else [], trace.recent_sizes.maxlen)
+                   list(trace.recent_sizes) if wrap and trace.generic else [], trace.recent_sizes.maxlen,
+                   *(() if keys is None else (keys, self.detector, self.shape_detector,
+                                              [self._fruitless, self._fruitless_limit, self._max_pause_after,
+                                               2 * self.config.repeats, self._longest_unsynced])))
+
+    def _keys_to_push(self, trace: Trace) -> list | None:
+        """Note [Detection fed by the route] (csrc/engine/route.cpp): each position's two detector
+        keys, for the route to push as it matches; None where it cannot: a shape-generic trace's
+        keys depend on the sizes each match meets, an op's keys were forgotten (the tables
+        started afresh) or never taken, and while a size-erased period waits for its sightings
+        (_generic_wait counts ops one by one)."""
+        if trace.generic or self._generic_wait is not None:
+            return None
+        token = self._ids_token
+        kept = trace.pushed_keys
+        if kept is not None and kept[0] is token:
+            return kept[1]
+        keys = []
+        for proto in trace.protos:
+            ids = proto.ids
+            if ids is None or ids[0] is not token:
+                return None
+            keys.append((ids[1], ids[2]))
+        trace.pushed_keys = (token, keys)
+        return keys
 
     def drain(self) -> None:
         with self._lock:
@@ -1069,8 +1109,10 @@ class AdaptiveExecutor(Executor):
         return proto
 
     # -- history and detection ----------------------------------------------------------------
-    def _advance(self, proto, producers) -> int:
-        """Append one op to the history; adopt traces when a period fires. Returns its position."""
+    def _advance(self, proto, producers, pushed: tuple | None = None) -> int:
+        """Append one op to the history; adopt traces when a period fires. Returns its position.
+        pushed: the route pushed its keys already, and the detectors answered these periods
+        (Note [Detection fed by the route])."""
         position = self.position
         self.position += 1
         if self._steady >= self._pause_after:  # detection_paused, inline: once per op
@@ -1086,8 +1128,11 @@ class AdaptiveExecutor(Executor):
             self._found_something()  # an op never seen, but for its sizes
         elif self._fruitless >= self._fruitless_limit:
             self._maybe_quiet()
-        period = self.detector.push(key)
-        shape_period = self.shape_detector.push(shape_key)
+        if pushed is None:
+            period = self.detector.push(key)
+            shape_period = self.shape_detector.push(shape_key)
+        else:
+            period, shape_period = pushed
         if period is not None:
             self._adopt(period)
         elif shape_period is not None and self._generic_wait is None and self.config.generic_traces:

@@ -202,6 +202,9 @@ class Trace:
         # Note [Armed matching] (device/csrc/engine/route.cpp): its positions' C++ guards and
         # plans, built the first time it could be armed; False if some position cannot be.
         self.guard_table = None
+        # Note [Detection fed by the route]: its positions' detector keys, with the token of the
+        # key tables they index (AdaptiveExecutor._keys_to_push).
+        self.pushed_keys: tuple | None = None
 
     def __len__(self):
         return len(self.protos)

@@ -83,7 +83,7 @@ def test_before_detection_pauses_a_matched_trace_is_matched_in_cpp_and_detection
     them, in order, at the engine's next entry."""
     engine = SWITCH.adaptive
     xs, ones, s = _chain_until_armed()
-    assert adaptive_eager.stats().trace_hits >= 2 and not engine.detection_paused
+    assert adaptive_eager.stats().trace_hits >= 1 and not engine.detection_paused
     before, position = native.armed_matches(), engine.position
     for _ in range(2):
         _step(xs, ones, s)
@@ -100,6 +100,111 @@ def test_before_detection_pauses_a_matched_trace_is_matched_in_cpp_and_detection
     assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
 
 
+def test_before_detection_pauses_a_trace_is_matched_in_cpp_from_its_second_match():
+    """Note [Detection fed by the route]: the route pushes each op it matches to the period
+    detectors itself, so it is armed as soon as a trace is known (its first match, in Python,
+    takes each position's source line), not only once detection has found nothing new for a
+    few trace lengths: the step after the one that completed the trace first has all its ops
+    but the first (which starts the match) and the last (which completes it) matched in C++,
+    and the history still holds every position once, in order."""
+    engine = SWITCH.adaptive
+    engine.reset()
+    xs, ones = _chain()
+    start = engine.position
+    s = 0
+    while engine.counters.trace_hits == 0:
+        _step(xs, ones, s)
+        engine.catch_up()
+        s += 1
+        assert s < 8, "the 32-op step was never cached"
+    hits, before = engine.counters.trace_hits, native.armed_matches()
+    _step(xs, ones, s)
+    engine.catch_up()
+    assert engine.counters.trace_hits - hits == 1 and not engine.detection_paused
+    assert native.armed_matches() - before == OPS - 2
+    positions = [e[0] for e in engine.history if e[0] >= start]
+    assert positions == list(range(start, engine.position))
+    cpu, cpu_ones = _chain("cpu")
+    for c in range(s + 1):
+        _step(cpu, cpu_ones, c)
+    assert all(torch.equal(x.cpu(), c) for x, c in zip(xs, cpu))
+
+
+def test_a_quiet_pause_that_begins_at_an_op_the_route_matched_leaves_detection_as_matching_op_by_op_does():
+    """Note [Detection fed by the route]: where the engine's count of ops with nothing new
+    reaches its limit at an op the route matched, the route stops after it, so detection pauses
+    there (Note [Detection that finds nothing pauses]) and no later op reaches the detectors,
+    exactly as when the engine matches each op itself."""
+    def pause_mid_step(native):
+        engine = SWITCH.adaptive
+        engine.config.native_match = native
+        try:
+            engine.reset()
+            xs, ones = _chain()
+            for s in range(4):  # the step's trace is cached and matched (in C++ with native)
+                _step(xs, ones, s)
+            engine.catch_up()
+            assert engine.counters.trace_hits >= 1 and not engine.detection_paused
+            # Ten more ops with nothing found pause it: at the step's 10th op (its first starts the match).
+            engine._max_pause_after = engine._fruitless_limit
+            engine._fruitless = engine._fruitless_limit - 10
+            _step(xs, ones, 4)
+            engine.catch_up()
+            return (engine.counters.quiet_pauses, engine._quiet_until, engine.position, engine.detector.kept_keys(),
+                    engine.shape_detector.kept_keys(), engine.shape_detector.live_runs(), len(engine.history))
+        finally:
+            engine.config.native_match = True
+            engine.reset()
+
+    native, python = pause_mid_step(True), pause_mid_step(False)
+    assert native[0] == 1
+    assert native == python
+
+
+def _two_kinds_of_layers(device):
+    """Three 6-op tanh layers, then three 5-op sigmoid layers: each kind's trace is found inside
+    the first step, the whole step's while the route matches layers in C++."""
+    torch.manual_seed(0)
+    ws = [torch.randn(16, 16).to(device) for _ in range(6)]
+    x = torch.randn(8, 16).to(device)
+
+    def step():
+        h = x
+        for i, w in enumerate(ws):
+            h = torch.tanh(h @ w) * 0.5 + 0.1 if i < 3 else torch.sigmoid(h @ w) - 0.5
+            h = h * h - 0.2
+        return h
+    return step
+
+
+def test_a_unit_found_while_the_route_matches_is_adopted_where_matching_op_by_op_adopts_it(native_match):
+    """Note [Detection fed by the route]: a period that fires on keys the route pushed stops
+    it after that op, so the engine adopts the longer unit and enters it at the same op as
+    when it matches each op itself: the same launches, step by step (here the step's period
+    fires at a layer's op the route matched: taking no notice of it left 11 launches a step),
+    and eager's bits."""
+    def launches_per_step():
+        step, outs, launches = _two_kinds_of_layers("neuron"), [], []
+        SWITCH.adaptive.reset()
+        for _ in range(12):
+            before = adaptive_eager.stats(wait=False).launches  # no sync: the stream runs on
+            outs.append(step())
+            launches.append(adaptive_eager.stats(wait=False).launches - before)
+        return [o.cpu() for o in outs], launches
+
+    outs, launches = launches_per_step()
+    assert launches[-4:] == [1] * 4  # the whole step: one launch
+    config = SWITCH.adaptive.config
+    config.native_match = not native_match
+    try:
+        _, other = launches_per_step()
+    finally:
+        config.native_match = native_match
+    assert launches == other
+    cpu_step = _two_kinds_of_layers("cpu")
+    assert all(torch.equal(o, cpu_step()) for o in outs)
+
+
 def test_an_interrupt_while_detection_is_given_the_armed_ops_feeds_none_twice(monkeypatch):
     """Note [Armed matching while detecting], Note [Interrupted issue]: a KeyboardInterrupt
     right after one op went into the history, before the feed moved on, is raised by the op
@@ -109,8 +214,8 @@ def test_an_interrupt_while_detection_is_given_the_armed_ops_feeds_none_twice(mo
     xs, ones, s = _chain_until_armed()
     real, calls = engine._advance, [0]
 
-    def advance(proto, producers):
-        position = real(proto, producers)
+    def advance(proto, producers, pushed=None):
+        position = real(proto, producers, pushed)
         calls[0] += 1
         if calls[0] == 5:  # inside the feed: the route matched this step's ops 1-30 in C++
             raise KeyboardInterrupt

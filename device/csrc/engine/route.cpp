@@ -6,6 +6,7 @@
 // Pure-CPU code never gets here: the route sits in the PrivateUse1 kernels only.
 #include "neuron.h"
 #include "engine/guards.h"
+#include "engine/period_detector.h"
 
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -247,6 +248,17 @@ struct Armed {
   // between two syncs, moved by the syncs taken here.
   int64_t last_sync_at = 0;
   int64_t longest_unsynced = 0;
+  // Note [Detection fed by the route]: per trace position, its exact and size-erased keys
+  // (empty: not fed here); the engine's two detectors; the position whose keys fired a
+  // period (-1: none) and what each detector answered there; what decides a quiet pause.
+  std::vector<std::pair<int64_t, int64_t>> feed_keys;
+  neuron::PeriodDetector* detector = nullptr;
+  neuron::PeriodDetector* shape_detector = nullptr;
+  int64_t fired_at = -1;
+  std::optional<int64_t> fired_period, fired_shape_period;
+  struct QuietWatch {  // the engine's _maybe_quiet, its numbers as at arming
+    int64_t fruitless = 0, fruitless_limit = 0, max_pause_after = 0, twice_repeats = 0, longest_unsynced = 0;
+  } quiet;
   bool armed = false;
 };
 Armed& g_armed = *new Armed;  // leaked, as g_run_eager
@@ -306,6 +318,46 @@ bool sync_armed() {
   return true;
 }
 
+// Note [Detection fed by the route]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Before detection pauses, each op the route matches must reach the engine's period detectors
+// as the engine would have pushed it, at its place in the stream: an adoption made late
+// places the new trace where the stream has already passed (Note [Armed matching while
+// detecting] in adaptive_eager/engine/executor.py). Armed with each position's two keys (an
+// exact trace whose ops the detectors have seen, so no key is new), the route pushes them
+// itself, as the engine's _advance would, and a period that fires disarms it after that op:
+// the engine takes the matched ops into its history at its next entry, this one's answers
+// with it, and adopts right where it would have, op by op. So the route is armed from a
+// trace's first match, where it waited before for detection to go quiet, and the ops of a
+// small MLP's steps 4 to 12 are matched here instead of in Python. The route stops likewise
+// after the op at which the engine's _maybe_quiet would pause detection (its count of ops
+// with nothing found reaches its limit: the same arithmetic, on the numbers it had at
+// arming), so that no op after it reaches the detectors, as none would from the engine.
+// Returns whether it must stop. The detectors are the engine's, which disarms before it
+// touches them (its lock's entry) and before it replaces them (reset): used only while armed.
+bool feed_detectors(size_t k) {
+  if (g_armed.feed_keys.empty()) {
+    return false;
+  }
+  const auto& [key, shape_key] = g_armed.feed_keys[k];
+  const std::optional<int64_t> period = g_armed.detector->push(key);
+  const std::optional<int64_t> shape_period = g_armed.shape_detector->push(shape_key);
+  if (period || shape_period) {
+    g_armed.fired_at = static_cast<int64_t>(k);
+    g_armed.fired_period = period;
+    g_armed.fired_shape_period = shape_period;
+    return true;
+  }
+  auto& quiet = g_armed.quiet;
+  if (++quiet.fruitless < quiet.fruitless_limit) {
+    return false;
+  }
+  // As _maybe_quiet: g_armed.position is the engine's self.position once it advanced past this op.
+  const int64_t unit = std::max(quiet.longest_unsynced, g_armed.position - g_armed.last_sync_at);
+  const int64_t limit = std::max(quiet.fruitless_limit, std::min(quiet.max_pause_after, quiet.twice_repeats * unit));
+  return quiet.fruitless >= limit;
+}
+
 bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::unique_lock<std::mutex> guard(g_armed.lock);
   if (!g_armed.armed) {
@@ -341,7 +393,8 @@ bool match_armed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   ++g_armed.pos;
   ++g_armed.position;
   ++g_armed.matched;
-  g_armed.armed = g_armed.pos < g_armed.stop;
+  const bool fired = feed_detectors(k);  // always: every matched op is pushed
+  g_armed.armed = g_armed.pos < g_armed.stop && !fired;
   try {
     neuron::enqueue(op, stack, std::move(plan));
     if (last) {  // Note [Armed rounds]: the engine's completion of a stream launch
@@ -618,9 +671,16 @@ void bind_route(py::module_& m) {
   // autograd's thread, and dropping a tensor there can take the GIL.
   m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation,
                   bool wrap, std::vector<std::optional<int64_t>> syms, int64_t last_sync_at,
-                  std::vector<std::vector<std::optional<int64_t>>> recent_sizes, size_t sizes_kept) {
+                  std::vector<std::vector<std::optional<int64_t>>> recent_sizes, size_t sizes_kept,
+                  std::vector<std::pair<int64_t, int64_t>> feed_keys, neuron::PeriodDetector* detector,
+                  neuron::PeriodDetector* shape_detector, std::vector<int64_t> quiet) {
     TORCH_CHECK(pos < stop && stop <= table->guards.size() && (!wrap || stop == table->guards.size()),
                 "adaptive engine bug: arming [", pos, ", ", stop, ")");
+    TORCH_CHECK(feed_keys.empty() || (feed_keys.size() == table->guards.size() && !wrap && detector != nullptr &&
+                                      shape_detector != nullptr),
+                "adaptive engine bug: ", feed_keys.size(), " positions' keys to feed for a trace of ", table->guards.size(),
+                wrap ? ", armed for rounds" : "", detector == nullptr || shape_detector == nullptr ? ", no detectors" : "");
+    TORCH_CHECK(feed_keys.empty() || quiet.size() == 5, "adaptive engine bug: ", quiet.size(), " numbers of the quiet pause, not 5");
     TORCH_CHECK(table->nsyms <= static_cast<int32_t>(syms.size()), "adaptive engine bug: the trace names ", table->nsyms,
                 " symbols, the match has ", syms.size());
     const std::lock_guard<std::mutex> guard(g_armed.lock);
@@ -647,16 +707,30 @@ void bind_route(py::module_& m) {
     g_armed.sizes_repeat = false;
     g_armed.last_sync_at = last_sync_at;
     g_armed.longest_unsynced = 0;
+    g_armed.feed_keys = std::move(feed_keys);
+    g_armed.detector = detector;
+    g_armed.shape_detector = shape_detector;
+    if (quiet.size() == 5) {
+      g_armed.quiet = {quiet[0], quiet[1], quiet[2], quiet[3], quiet[4]};
+    }
+    g_armed.fired_at = -1;
+    g_armed.fired_period.reset();
+    g_armed.fired_shape_period.reset();
     g_armed.armed = true;
   }, py::arg("table"), py::arg("pos"), py::arg("stop"), py::arg("position"), py::arg("generation"), py::arg("wrap"),
   py::arg("syms") = std::vector<std::optional<int64_t>>{}, py::arg("last_sync_at") = 0,
   py::arg("recent_sizes") = std::vector<std::vector<std::optional<int64_t>>>{}, py::arg("sizes_kept") = 0,
+  py::arg("feed_keys") = std::vector<std::pair<int64_t, int64_t>>{}, py::arg("detector") = nullptr,
+  py::arg("shape_detector") = nullptr, py::arg("quiet") = std::vector<int64_t>{},
   py::call_guard<py::gil_scoped_release>(),
   "match positions [pos, stop) of the table in C++; position: the engine's stream position; "
   "generation: the engine's name for this arming; wrap: complete the trace and go on (Note [Armed rounds]); "
   "syms: a generic trace's sizes bound so far (None: not yet), Note [Generic guards]; last_sync_at: the "
   "engine's last sync's position (Note [Armed syncs]); recent_sizes, sizes_kept: a generic trace's last "
-  "completions' sizes and how many it keeps, which its rounds add to");
+  "completions' sizes and how many it keeps, which its rounds add to; feed_keys, detector, shape_detector: each "
+  "position's (exact, size-erased) keys, pushed to the two detectors as it is matched, and quiet: the engine's "
+  "(fruitless, fruitless limit, longest pause, 2 x repeats, longest unsynced stretch), to stop where it would pause "
+  "(Note [Detection fed by the route])");
   m.def("disarm", []() {
     const std::lock_guard<std::mutex> guard(g_armed.lock);
     g_armed.armed = false;
@@ -671,13 +745,18 @@ void bind_route(py::module_& m) {
     for (const auto& sizes : g_armed.recent_sizes) {
       recent.push_back(to_python_sizes(sizes));
     }
+    std::optional<std::tuple<int64_t, std::optional<int64_t>, std::optional<int64_t>>> fired;
+    if (g_armed.fired_at >= 0) {
+      fired = std::make_tuple(g_armed.fired_at, g_armed.fired_period, g_armed.fired_shape_period);
+    }
     return std::make_tuple(g_armed.generation, g_armed.pos, g_armed.position, g_armed.rounds, g_armed.collected,
                            to_python_sizes(g_armed.syms), std::move(recent), g_armed.sizes_repeat,
-                           g_armed.last_sync_at, g_armed.longest_unsynced);
+                           g_armed.last_sync_at, g_armed.longest_unsynced, std::move(fired));
   }, py::call_guard<py::gil_scoped_release>(),
   "stop matching in C++: (arming's generation, trace position, stream position, rounds submitted, outcomes "
   "collected, a generic trace's symbols, its last completions' sizes, whether a round's repeated one of "
-  "them, the last sync's position, the longest stretch between syncs), the same if called again");
+  "them, the last sync's position, the longest stretch between syncs, and (trace position, period, size-erased "
+  "period) where a pushed key fired, else None), the same if called again");
   m.def("set_stream_allowed", [](bool allowed) { g_stream_allowed.store(allowed); },
         "whether armed rounds may submit to the device stream (stream.set_enabled)");
   m.def("armed_matches", []() { return g_armed.matched; }, "ops queued by armed matching, all told");
