@@ -81,6 +81,7 @@ offer = _C.offer
 PositionGuards = _C.PositionGuards  # Note [A position's guards in C++]
 route_call = _C.route_call
 GuardTable = _C.GuardTable  # Note [Armed matching]
+FeedKeys = _C.FeedKeys  # Note [Detection fed by the route]
 arm = _C.arm
 disarm = _C.disarm
 set_stream_allowed = _C.set_stream_allowed

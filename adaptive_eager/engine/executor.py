@@ -481,9 +481,10 @@ class AdaptiveExecutor(Executor):
                                               [self._fruitless, self._fruitless_limit, self._max_pause_after,
                                                2 * self.config.repeats, self._longest_unsynced])))
 
-    def _keys_to_push(self, trace: Trace) -> list | None:
+    def _keys_to_push(self, trace: Trace):
         """Note [Detection fed by the route] (csrc/engine/route.cpp): each position's two detector
-        keys, for the route to push as it matches; None where it cannot: a shape-generic trace's
+        keys, for the route to push as it matches (a native.FeedKeys, made once per trace and
+        key tables: a deep model's step re-arms after each fire); None where it cannot: a shape-generic trace's
         keys depend on the sizes each match meets, an op's keys were forgotten (the tables
         started afresh) or never taken, and while a size-erased period waits for its sightings
         (_generic_wait counts ops one by one)."""
@@ -499,6 +500,7 @@ class AdaptiveExecutor(Executor):
             if ids is None or ids[0] is not token:
                 return None
             keys.append((ids[1], ids[2]))
+        keys = native.FeedKeys(keys)
         trace.pushed_keys = (token, keys)
         return keys
 

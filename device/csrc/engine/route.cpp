@@ -227,6 +227,12 @@ struct GuardTable {
   int32_t nsyms = 0;  // the most symbols a position names (Note [Generic guards]): checked once per arming
 };
 
+// Note [Detection fed by the route]: a trace's positions' (exact, size-erased) detector keys,
+// made once per trace (and per start afresh of the engine's key tables), not per arming.
+struct FeedKeys {
+  std::vector<std::pair<int64_t, int64_t>> keys;
+};
+
 struct Armed {
   std::mutex lock;  // a leaf: taken under g_issue, or under the engine's lock with the GIL
   std::shared_ptr<const GuardTable> table;
@@ -251,7 +257,7 @@ struct Armed {
   // Note [Detection fed by the route]: per trace position, its exact and size-erased keys
   // (empty: not fed here); the engine's two detectors; the position whose keys fired a
   // period (-1: none) and what each detector answered there; what decides a quiet pause.
-  std::vector<std::pair<int64_t, int64_t>> feed_keys;
+  std::shared_ptr<const FeedKeys> feed_keys;
   neuron::PeriodDetector* detector = nullptr;
   neuron::PeriodDetector* shape_detector = nullptr;
   int64_t fired_at = -1;
@@ -336,10 +342,10 @@ bool sync_armed() {
 // Returns whether it must stop. The detectors are the engine's, which disarms before it
 // touches them (its lock's entry) and before it replaces them (reset): used only while armed.
 bool feed_detectors(size_t k) {
-  if (g_armed.feed_keys.empty()) {
+  if (!g_armed.feed_keys) {
     return false;
   }
-  const auto& [key, shape_key] = g_armed.feed_keys[k];
+  const auto& [key, shape_key] = g_armed.feed_keys->keys[k];
   const std::optional<int64_t> period = g_armed.detector->push(key);
   const std::optional<int64_t> shape_period = g_armed.shape_detector->push(shape_key);
   if (period || shape_period) {
@@ -654,6 +660,11 @@ void bind_route(py::module_& m) {
              }
              return syms;
            }, "a generic position's check (Note [Generic guards]): the symbols after the call, or None if it does not fit");
+  py::class_<FeedKeys, std::shared_ptr<FeedKeys>>(m, "FeedKeys")
+      .def(py::init([](std::vector<std::pair<int64_t, int64_t>> keys) {
+             return std::make_shared<FeedKeys>(FeedKeys{std::move(keys)});
+           }),
+           py::arg("keys"), "a trace's positions' (exact, size-erased) detector keys (Note [Detection fed by the route])");
   py::class_<GuardTable, std::shared_ptr<GuardTable>>(m, "GuardTable")
       .def(py::init([](std::vector<std::shared_ptr<neuron::PositionGuards>> guards,
                        std::vector<std::shared_ptr<neuron::DeferPlan>> plans) {
@@ -672,15 +683,16 @@ void bind_route(py::module_& m) {
   m.def("arm", [](std::shared_ptr<GuardTable> table, size_t pos, size_t stop, int64_t position, int64_t generation,
                   bool wrap, std::vector<std::optional<int64_t>> syms, int64_t last_sync_at,
                   std::vector<std::vector<std::optional<int64_t>>> recent_sizes, size_t sizes_kept,
-                  std::vector<std::pair<int64_t, int64_t>> feed_keys, neuron::PeriodDetector* detector,
+                  std::shared_ptr<FeedKeys> feed_keys, neuron::PeriodDetector* detector,
                   neuron::PeriodDetector* shape_detector, std::vector<int64_t> quiet) {
     TORCH_CHECK(pos < stop && stop <= table->guards.size() && (!wrap || stop == table->guards.size()),
                 "adaptive engine bug: arming [", pos, ", ", stop, ")");
-    TORCH_CHECK(feed_keys.empty() || (feed_keys.size() == table->guards.size() && !wrap && detector != nullptr &&
-                                      shape_detector != nullptr),
-                "adaptive engine bug: ", feed_keys.size(), " positions' keys to feed for a trace of ", table->guards.size(),
-                wrap ? ", armed for rounds" : "", detector == nullptr || shape_detector == nullptr ? ", no detectors" : "");
-    TORCH_CHECK(feed_keys.empty() || quiet.size() == 5, "adaptive engine bug: ", quiet.size(), " numbers of the quiet pause, not 5");
+    TORCH_CHECK(!feed_keys || (feed_keys->keys.size() == table->guards.size() && !wrap && detector != nullptr &&
+                               shape_detector != nullptr && quiet.size() == 5),
+                "adaptive engine bug: ", feed_keys ? feed_keys->keys.size() : 0, " positions' keys to feed for a trace of ",
+                table->guards.size(), wrap ? ", armed for rounds" : "",
+                detector == nullptr || shape_detector == nullptr ? ", no detectors" : "", ", ", quiet.size(),
+                " numbers of the quiet pause");
     TORCH_CHECK(table->nsyms <= static_cast<int32_t>(syms.size()), "adaptive engine bug: the trace names ", table->nsyms,
                 " symbols, the match has ", syms.size());
     const std::lock_guard<std::mutex> guard(g_armed.lock);
@@ -720,7 +732,7 @@ void bind_route(py::module_& m) {
   }, py::arg("table"), py::arg("pos"), py::arg("stop"), py::arg("position"), py::arg("generation"), py::arg("wrap"),
   py::arg("syms") = std::vector<std::optional<int64_t>>{}, py::arg("last_sync_at") = 0,
   py::arg("recent_sizes") = std::vector<std::vector<std::optional<int64_t>>>{}, py::arg("sizes_kept") = 0,
-  py::arg("feed_keys") = std::vector<std::pair<int64_t, int64_t>>{}, py::arg("detector") = nullptr,
+  py::arg("feed_keys") = nullptr, py::arg("detector") = nullptr,
   py::arg("shape_detector") = nullptr, py::arg("quiet") = std::vector<int64_t>{},
   py::call_guard<py::gil_scoped_release>(),
   "match positions [pos, stop) of the table in C++; position: the engine's stream position; "
