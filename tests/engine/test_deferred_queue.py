@@ -111,6 +111,32 @@ def test_python_numbers_passed_as_tensors_keep_their_value_and_type_when_ops_sha
     assert neuron[0].dtype == torch.int64 and neuron[1].dtype == torch.float32
 
 
+@pytest.mark.parametrize("mode", ["eager", "adaptive"])
+def test_python_numbers_kept_in_the_ops_dtype_give_cpus_bits(mode):
+    # Note [Wrapped numbers in the op's dtype]: a number the op's float32 or float64 tensors
+    # meet is kept converted to their dtype, as the kernel would convert it; ints that float32
+    # rounds, bools, floats that float32 rounds, and the cases left as they came (half and
+    # bfloat16, whose kernels read the number at opmath precision; a mask or an int tensor
+    # beside it; an int op) all give CPU's values and dtypes, step after step (adaptive: in
+    # fused launches).
+    def program(device):
+        f = torch.linspace(-3, 3, 7, device=device)
+        d = f.double()
+        h, b = f.half(), f.bfloat16()
+        i = torch.arange(7, device=device)
+        out = []
+        for step in range(6):
+            out += [f + (2**40 + 1), f * True, f - 0.1, f / 3, f.remainder(7), f < 2**24 + 1, f.abs().pow(2.5), f ** 2,
+                    d + 0.1, d * (2**60 + 1), h + 0.1, b * 1.1, i + 3, i * 2.5, torch.where(f > 0, f, 0.5)]
+            f = f.add(0.3)
+            f.mul_(0.999)
+        return [t.cpu() for t in out]
+
+    adaptive_eager.set_mode(mode)
+    cpu, neuron = program("cpu"), program(NEURON)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(cpu, neuron))
+
+
 def test_a_deferred_outputs_data_ptr_mid_step_is_its_own_and_the_step_keeps_eagers_values():
     # Note [A deferred output's bytes exist at issue]: in a matched trace the outputs are
     # deferred; each has its own address from issue, which asking for launches nothing.
