@@ -27,7 +27,13 @@ The table gives instructions per op, whole and for the parts of the device's pat
 - adaptive: the op matched against the armed trace's guards, queued (its arguments captured,
   outputs made at issue), and the step's launch submitted (once per 32 ops, shared).
 
-Takes about a minute per mode (valgrind runs the process ~50x slower).
+`--device-thread` adds the device's executor thread, which runs every kernel in eager and
+adaptive mode (CPU runs its kernel on the issuing thread, inside its first row): two more runs
+per mode, the whole process counted, with and without the counted steps; their difference over
+the counted ops is its cost per op. The wall clock waits for whichever thread is slower.
+
+Takes about a minute per mode (valgrind runs the process ~50x slower), twice that more with
+--device-thread.
 """
 from __future__ import annotations
 
@@ -131,10 +137,33 @@ def _measure(mode: str, warmup: int, steps: int) -> tuple[int, dict[str, int]]:
         return best[0], inclusive_counts(annotated)
 
 
+def _device_thread(mode: str, warmup: int, steps: int) -> int:
+    """The device's executor thread's instructions over the whole child process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
+               sys.executable, __file__, "--child", mode, str(warmup), str(steps)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode}: the child failed under valgrind:\n{proc.stderr[-2000:]}")
+        # The executor: the thread that ran the kernels (the eager path's run_on_host, which a
+        # fused launch's ops run through too).
+        totals = []
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name)) as f:
+                text = f.read()
+            if "eager_detail::run_on_host" in text and not name.endswith("-01"):
+                totals.append(next(int(line.split()[1]) for line in text.splitlines() if line.startswith("totals:")))
+        if len(totals) != 1:
+            raise SystemExit(f"{mode}: {len(totals)} threads ran kernels, not the device's executor alone")
+        return totals[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100, help="counted steps (32 ops each)")
     parser.add_argument("--warmup", type=int, default=400, help="steps before counting")
+    parser.add_argument("--device-thread", action="store_true", help="count the device's executor thread too")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "WARMUP", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -155,6 +184,11 @@ def main() -> None:
         print(f"| {label:46} | " + " | ".join(cells) + " |")
     rest = [results[m][0] - part_count(results[m][1], PARTS[0][1]) if m in PARTS[0][2] else results[m][0] for m in MODES]
     print(f"| {'all but the device path (CPU: and its kernel)':46} | " + " | ".join(f"{r / ops:8,.0f}" for r in rest) + " |")
+    if args.device_thread:
+        device = {m: (_device_thread(m, args.warmup, args.steps) - _device_thread(m, args.warmup, 0)) / ops
+                  for m in MODES if m != "cpu"}
+        label = "the device's thread (kernels, launches)"
+        print(f"| {label:46} | {'-':>8} | " + " | ".join(f"{device[m]:8,.0f}" for m in MODES if m != "cpu") + " |")
 
 
 if __name__ == "__main__":

@@ -280,40 +280,40 @@ void forget_shares(Launch& launch) { launch.shares.clear(); }
 // Note [Wrapped numbers in the op's dtype]: the dtype to keep the op's wrapped numbers in
 // (Undefined: as they came), from the dtypes of its other tensors.
 c10::ScalarType wrapped_numbers_dtype(const torch::jit::Stack& stack, size_t first) {
+  auto is_wrapped = [](const IValue& v) {
+    return v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
+  };
+  // A number passed for a tensor is an argument of its own, never a list's element: most ops
+  // have none, and cost this one look at their arguments.
+  if (std::none_of(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end(), is_wrapped)) {
+    return at::ScalarType::Undefined;
+  }
   c10::ScalarType common = at::ScalarType::Undefined;
-  bool wrapped = false, mixed = false;
-  auto see = [&](const at::Tensor& t) {
-    if (!t.defined()) {
+  bool mixed = false;
+  auto see = [&](const IValue& v) {
+    if (!v.isTensor() || !v.toTensor().defined()) {
       return;
     }
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-      const c10::ScalarType type = t.scalar_type();
-      wrapped = true;
+    const c10::ScalarType type = v.toTensor().scalar_type();
+    if (v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
       mixed = mixed || !(c10::isIntegralType(type, /*includeBool=*/true) || type == at::ScalarType::Double);
     } else if (common == at::ScalarType::Undefined) {
-      common = t.scalar_type();
+      common = type;
     } else {
-      mixed = mixed || t.scalar_type() != common;
+      mixed = mixed || type != common;
     }
   };
-  for (size_t i = first; i < stack.size() && !mixed; ++i) {
-    const IValue& v = stack[i];
-    if (v.isTensor()) {
-      see(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) {
-        see(t);
+  for (size_t i = first; i < stack.size(); ++i) {
+    if (stack[i].isList()) {
+      for (const IValue& e : stack[i].toListRef()) {
+        see(e);
       }
-    } else if (v.isList()) {
-      for (const IValue& e : v.toListRef()) {
-        if (e.isTensor()) {
-          see(e.toTensor());
-        }
-      }
+    } else {
+      see(stack[i]);
     }
   }
   const bool float_op = common == at::ScalarType::Float || common == at::ScalarType::Double;
-  return wrapped && !mixed && float_op ? common : at::ScalarType::Undefined;
+  return !mixed && float_op ? common : at::ScalarType::Undefined;
 }
 
 IValue capture(const IValue& v, bool written, Launch& launch, Entry& entry, size_t arg, int64_t element, bool fused,
