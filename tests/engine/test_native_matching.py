@@ -77,10 +77,9 @@ def _chain_until_armed():
 
 
 def test_before_detection_pauses_a_matched_trace_is_matched_in_cpp_and_detection_sees_every_op():
-    """Note [Armed matching while detecting]: once detection has gone a few trace lengths
-    without finding anything, and before it pauses, a trace's ops after the first are matched
-    in C++ (warm-up pays no Python per op), and detection's history still gets every one of
-    them, in order, at the engine's next entry."""
+    """Note [Armed matching while detecting]: before detection pauses, a trace's ops after the
+    first are matched in C++ (warm-up pays no Python per op), and detection's history still
+    gets every one of them, in order, at the engine's next entry."""
     engine = SWITCH.adaptive
     xs, ones, s = _chain_until_armed()
     assert adaptive_eager.stats().trace_hits >= 1 and not engine.detection_paused

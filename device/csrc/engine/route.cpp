@@ -334,8 +334,9 @@ bool sync_armed() {
 // itself, as the engine's _advance would, and a period that fires disarms it after that op:
 // the engine takes the matched ops into its history at its next entry, this one's answers
 // with it, and adopts right where it would have, op by op. So the route is armed from a
-// trace's first match, where it waited before for detection to go quiet, and the ops of a
-// small MLP's steps 4 to 12 are matched here instead of in Python. The route stops likewise
+// trace's second match (its first, in Python, takes each position's source line), where it
+// waited before for detection to go quiet, and the ops of a small MLP's steps 4 to 12 are
+// matched here instead of in Python. The route stops likewise
 // after the op at which the engine's _maybe_quiet would pause detection (its count of ops
 // with nothing found reaches its limit: the same arithmetic, on the numbers it had at
 // arming), so that no op after it reaches the detectors, as none would from the engine.
