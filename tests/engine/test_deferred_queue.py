@@ -112,13 +112,11 @@ def test_python_numbers_passed_as_tensors_keep_their_value_and_type_when_ops_sha
 
 
 @pytest.mark.parametrize("mode", ["eager", "adaptive"])
-def test_python_numbers_kept_in_the_ops_dtype_give_cpus_bits(mode):
-    # Note [Wrapped numbers in the op's dtype]: a number the op's float32 or float64 tensors
-    # meet is kept converted to their dtype, as the kernel would convert it; ints that float32
-    # rounds, bools, floats that float32 rounds, and the cases left as they came (half and
-    # bfloat16, whose kernels read the number at opmath precision; a mask or an int tensor
-    # beside it; an int op) all give CPU's values and dtypes, step after step (adaptive: in
-    # fused launches).
+def test_python_numbers_beside_tensors_of_each_dtype_give_cpus_bits(mode):
+    # Note [Wrapped numbers are shared]: a number converted by the kernel to the op's dtype as
+    # CPU converts it: ints float32 rounds, bools, floats float32 rounds, float64, half and
+    # bfloat16 (whose kernels read the number at opmath precision), a mask beside it, int ops,
+    # step after step (adaptive: in fused launches).
     def program(device):
         f = torch.linspace(-3, 3, 7, device=device)
         d = f.double()

@@ -202,29 +202,15 @@ void pause_in_handover() {
 // locks) will do. No kernel writes an input it did not declare written, so one tensor per
 // (dtype, value) serves every op that passes that number: a small table of them, refilled
 // from scratch when full (a queued op keeps the one it took).
-//
-// Note [Wrapped numbers in the op's dtype]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The CPU kernel converts such a number to the op's common dtype each time it runs
-// (TensorIterator's compute_types: `.to(common_dtype)` of a CPU scalar, a tensor allocated
-// and copied): 6,300 of the 16,600 instructions the device's thread spent per op on a chain of
-// `x.add_(i)` (bench/per_op_instructions.py --device-thread). Where every other tensor the op
-// takes has one dtype, float32 or float64, and the number is a bool, an integer or a float64,
-// that common dtype is the tensors' (a number never lifts a tensor's dtype within or below its
-// own category), so the shared number is kept converted to it, by the same `.to()`, and the
-// kernel converts nothing: the same value, bit for bit. Not for half and bfloat16 (their
-// kernels read the number's original value at opmath precision: converting first would round
-// it), nor complex, nor ops whose tensors' dtypes differ (an index, a mask: which dtype the
-// number meets there is the op's own business).
-at::Tensor shared_wrapped_number(const at::Tensor& t, c10::ScalarType convert_to) {
+at::Tensor shared_wrapped_number(const at::Tensor& t) {
   struct Key {
-    c10::ScalarType dtype, convert_to;
+    c10::ScalarType dtype;
     std::array<uint8_t, 16> bytes;  // the widest scalar: complex<double>
-    bool operator==(const Key& o) const { return dtype == o.dtype && convert_to == o.convert_to && bytes == o.bytes; }
+    bool operator==(const Key& o) const { return dtype == o.dtype && bytes == o.bytes; }
   };
   struct Hash {
     size_t operator()(const Key& k) const {
-      size_t h = static_cast<size_t>(k.dtype) * 31 + static_cast<size_t>(k.convert_to);
+      size_t h = static_cast<size_t>(k.dtype);
       for (uint8_t b : k.bytes) {
         h = h * 131 + b;
       }
@@ -233,7 +219,7 @@ at::Tensor shared_wrapped_number(const at::Tensor& t, c10::ScalarType convert_to
   };
   static std::mutex lock;
   static auto& table = *new std::unordered_map<Key, at::Tensor, Hash>;  // leaked: used at exit
-  Key key{t.scalar_type(), convert_to, {}};
+  Key key{t.scalar_type(), {}};
   std::memcpy(key.bytes.data(), t.const_data_ptr(), t.element_size());  // a 0-dim CPU tensor
   std::lock_guard<std::mutex> guard(lock);
   auto found = table.find(key);
@@ -243,7 +229,7 @@ at::Tensor shared_wrapped_number(const at::Tensor& t, c10::ScalarType convert_to
   if (table.size() >= 1024) {
     table.clear();
   }
-  at::Tensor snapshot = convert_to == at::ScalarType::Undefined ? t.clone() : t.to(convert_to);
+  at::Tensor snapshot = t.clone();
   snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);  // type promotion reads it as a number
   table.emplace(key, snapshot);
   return snapshot;
@@ -277,47 +263,7 @@ void forget_shares(Launch& launch) { launch.shares.clear(); }
 // fused: the entry is an op of the engine's queue, whose launch's on-chip plan counts fresh
 // storages (Note [On-chip intermediates]) and whose captures share (Note [One share per storage
 // per launch]); an eager launch has neither.
-// Note [Wrapped numbers in the op's dtype]: the dtype to keep the op's wrapped numbers in
-// (Undefined: as they came), from the dtypes of its other tensors.
-c10::ScalarType wrapped_numbers_dtype(const torch::jit::Stack& stack, size_t first) {
-  auto is_wrapped = [](const IValue& v) {
-    return v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
-  };
-  // A number passed for a tensor is an argument of its own, never a list's element: most ops
-  // have none, and cost this one look at their arguments.
-  if (std::none_of(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end(), is_wrapped)) {
-    return at::ScalarType::Undefined;
-  }
-  c10::ScalarType common = at::ScalarType::Undefined;
-  bool mixed = false;
-  auto see = [&](const IValue& v) {
-    if (!v.isTensor() || !v.toTensor().defined()) {
-      return;
-    }
-    const c10::ScalarType type = v.toTensor().scalar_type();
-    if (v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-      mixed = mixed || !(c10::isIntegralType(type, /*includeBool=*/true) || type == at::ScalarType::Double);
-    } else if (common == at::ScalarType::Undefined) {
-      common = type;
-    } else {
-      mixed = mixed || type != common;
-    }
-  };
-  for (size_t i = first; i < stack.size(); ++i) {
-    if (stack[i].isList()) {
-      for (const IValue& e : stack[i].toListRef()) {
-        see(e);
-      }
-    } else {
-      see(stack[i]);
-    }
-  }
-  const bool float_op = common == at::ScalarType::Float || common == at::ScalarType::Double;
-  return !mixed && float_op ? common : at::ScalarType::Undefined;
-}
-
-IValue capture(const IValue& v, bool written, Launch& launch, Entry& entry, size_t arg, int64_t element, bool fused,
-               c10::ScalarType wrapped_to) {
+IValue capture(const IValue& v, bool written, Launch& launch, Entry& entry, size_t arg, int64_t element, bool fused) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) {
@@ -348,13 +294,13 @@ IValue capture(const IValue& v, bool written, Launch& launch, Entry& entry, size
       return v;
     }
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // 0-dim only (a CPU index tensor is not)
-      return shared_wrapped_number(t, wrapped_to);
+      return shared_wrapped_number(t);
     }
     return t.clone();  // Note [CPU scalar tensors]: read at issue
   }
   if (v.isList()) {
     return map_list(v, [&](const IValue& e, size_t i) {
-      return capture(e, written, launch, entry, arg, static_cast<int64_t>(i), fused, wrapped_to);
+      return capture(e, written, launch, entry, arg, static_cast<int64_t>(i), fused);
     });
   }
   return v;
@@ -904,11 +850,10 @@ void enqueue_into(Launch& launch, const c10::OperatorHandle& op, torch::jit::Sta
     entry.draws_from = draw_at_issue(op, *stack, first);
   }
   entry.args.reserve(arguments.size());
-  const c10::ScalarType wrapped_to = wrapped_numbers_dtype(*stack, first);  // Note [Wrapped numbers in the op's dtype]
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto* alias_info = arguments[i].alias_info();
-    entry.args.push_back(capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), launch, entry, i,
-                                 -1, fused, wrapped_to));
+    entry.args.push_back(
+        capture((*stack)[first + i], alias_info != nullptr && alias_info->isWrite(), launch, entry, i, -1, fused));
   }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (auto& v : returned) {
