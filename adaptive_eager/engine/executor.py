@@ -484,10 +484,10 @@ class AdaptiveExecutor(Executor):
     def _keys_to_push(self, trace: Trace):
         """Note [Detection fed by the route] (csrc/engine/route.cpp): each position's two detector
         keys, for the route to push as it matches (a native.FeedKeys, made once per trace and
-        key tables: a deep model's step re-arms after each fire); None where it cannot: a shape-generic trace's
-        keys depend on the sizes each match meets, an op's keys were forgotten (the tables
-        started afresh) or never taken, and while a size-erased period waits for its sightings
-        (_generic_wait counts ops one by one)."""
+        key tables, as is the answer None: a deep model's step re-arms after each fire); None
+        where it cannot: a shape-generic trace's keys depend on the sizes each match meets, an
+        op's keys were forgotten (the tables started afresh) or never taken, and while a
+        size-erased period waits for its sightings (_generic_wait counts ops one by one)."""
         if trace.generic or self._generic_wait is not None:
             return None
         token = self._ids_token
@@ -498,9 +498,11 @@ class AdaptiveExecutor(Executor):
         for proto in trace.protos:
             ids = proto.ids
             if ids is None or ids[0] is not token:
-                return None
+                keys = None
+                break
             keys.append((ids[1], ids[2]))
-        keys = native.FeedKeys(keys)
+        if keys is not None:
+            keys = native.FeedKeys(keys)
         trace.pushed_keys = (token, keys)
         return keys
 
